@@ -1,0 +1,23 @@
+"""Transformer (big) on WMT 2014 English->German: the last row of Table 3.
+
+python -m fxformer.train --config=configs/big.py --workdir=runs/big
+"""
+
+import ml_collections
+
+from configs import base, with_overrides
+
+# The big model differs from base in these fields only (Table 3, last row).
+OVERRIDES = {
+    "model.d_model": 1024,
+    "model.d_ff": 4096,
+    "model.num_heads": 16,
+    "model.dropout_rate": 0.3,
+    "num_train_steps": 300_000,
+    "average_last": 20,
+}
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """The paper's big model."""
+    return with_overrides(base.get_config(), OVERRIDES)

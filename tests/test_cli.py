@@ -1,0 +1,59 @@
+"""Config loading and overrides, through the real command line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fxformer import cli
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "fxformer.params", *args], capture_output=True, text=True)
+
+
+def test_wrong_config_key_is_one_sentence_without_traceback():
+    result = run("--config=configs/table3.py:B1", "--config.model.num_head=4")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: Unknown config key 'model.num_head' (did you mean 'model.num_heads'?)."
+    ]
+
+
+def test_override_changes_the_count():
+    base = run("--config=configs/table3.py:base")
+    wider = run("--config=configs/table3.py:base", "--config.model.d_ff=4096")
+    c7 = run("--config=configs/table3.py:C7")
+    assert base.returncode == wider.returncode == 0
+    assert wider.stdout.split(": ")[1] == c7.stdout.split(": ")[1] != base.stdout.split(": ")[1]
+
+
+@pytest.mark.parametrize(
+    "key, raw, message",
+    [
+        ("model.num_heads", "four", "takes an integer"),
+        ("model.dropout_rate", "high", "takes a number"),
+        ("model.attention_bias", "maybe", "takes true or false"),
+        ("model", "3", "is a section"),
+    ],
+)
+def test_wrong_types_are_refused(key, raw, message):
+    config = cli.load_config("configs/base.py")
+    with pytest.raises(cli.UserError, match=message):
+        cli.apply_override(config, key, raw)
+
+
+def test_overrides_are_typed():
+    config = cli.load_config("configs/table3.py:E")
+    cli.apply_override(config, "model.dropout_rate", "1")
+    cli.apply_override(config, "model.attention_bias", "false")
+    cli.apply_override(config, "model.dtype", "bfloat16")
+    assert config.model.dropout_rate == 1.0 and isinstance(config.model.dropout_rate, float)
+    assert config.model.attention_bias is False
+    assert config.model.dtype == "bfloat16" and config.model.positional == "learned"
+
+
+def test_unknown_row_and_missing_file_are_refused():
+    assert "Unknown Table 3 row 'Z'" in run("--config=configs/table3.py:Z").stderr
+    assert "does not exist" in run("--config=configs/nope.py").stderr

@@ -1,0 +1,177 @@
+"""The model against independent computations: NumPy attention, the paper's formulas."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fxformer import decode
+from fxformer.model import MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
+from fxformer.params import count_parameters
+
+TINY = TransformerConfig(vocab_size=23, num_layers=2, d_model=16, d_ff=32, num_heads=2, d_k=6, d_v=10, max_len=32)
+
+
+def init(config, src_len=7, tgt_len=6, seed=0):
+    tokens = jnp.ones((2, src_len), jnp.int32)
+    return Transformer(config).init(jax.random.key(seed), tokens, tokens[:, :tgt_len])["params"]
+
+
+def logits_of(config, params, inputs, targets, **kw):
+    return np.asarray(Transformer(config).apply({"params": params}, jnp.asarray(inputs), jnp.asarray(targets), **kw))
+
+
+def numpy_attention(params, xq, xkv, mask, h, d_k, d_v):
+    """softmax(Q K^T / sqrt(d_k)) V per head, in float64 NumPy, from the module's weights."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    q = (xq @ p["query"]["kernel"] + p["query"]["bias"]).reshape(*xq.shape[:2], h, d_k)
+    k = (xkv @ p["key"]["kernel"] + p["key"]["bias"]).reshape(*xkv.shape[:2], h, d_k)
+    v = (xkv @ p["value"]["kernel"] + p["value"]["bias"]).reshape(*xkv.shape[:2], h, d_v)
+    out = np.zeros((*xq.shape[:2], h, d_v))
+    for b in range(xq.shape[0]):
+        for i in range(h):
+            scores = q[b, :, i] @ k[b, :, i].T / math.sqrt(d_k)  # [q, k]
+            scores = np.where(mask[b], scores, -np.inf)
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            out[b, :, i] = (weights / weights.sum(-1, keepdims=True)) @ v[b, :, i]
+    return out.reshape(*xq.shape[:2], h * d_v) @ p["out"]["kernel"] + p["out"]["bias"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_equals_numpy_with_padding_and_causal_masks(causal):
+    c = TINY
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, c.d_model)).astype(np.float32)
+    lengths = np.array([5, 3])  # the second row has two padded keys
+    mask = np.arange(5)[None, None, :] < lengths[:, None, None]  # [b, q, k]
+    mask = np.broadcast_to(mask, (2, 5, 5))
+    if causal:
+        mask = mask & np.tril(np.ones((5, 5), bool))
+    module = MultiHeadAttention(c)
+    params = module.init(jax.random.key(1), x, x, mask[:, None], True)["params"]
+    got = module.apply({"params": params}, x, x, jnp.asarray(mask[:, None]), True)
+    want = numpy_attention(params, x, x, mask, c.num_heads, c.d_k, c.d_v)
+    assert c.d_k != c.d_v
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+def test_fully_masked_rows_give_no_nan():
+    c = TINY
+    x = np.ones((1, 3, c.d_model), np.float32)
+    mask = jnp.zeros((1, 1, 3, 3), bool)
+    module = MultiHeadAttention(c)
+    params = module.init(jax.random.key(1), x, x, mask, True)["params"]
+    assert np.isfinite(np.asarray(module.apply({"params": params}, x, x, mask, True))).all()
+
+
+def test_future_target_tokens_do_not_change_earlier_logits():
+    params = init(TINY)
+    inputs = np.array([[5, 6, 7, 8, 3, 0, 0]] * 2)
+    targets = np.array([[9, 10, 11, 12, 13, 3]] * 2)
+    changed = targets.copy()
+    changed[:, 3] = 17  # position 3's token; the decoder sees it from position 4 on
+    a, b = logits_of(TINY, params, inputs, targets), logits_of(TINY, params, inputs, changed)
+    np.testing.assert_array_equal(a[:, :4], b[:, :4])
+    assert np.abs(a[:, 4:] - b[:, 4:]).max() > 1e-4  # and the change is seen later
+
+
+def test_padded_source_tokens_change_nothing():
+    params = init(TINY)
+    inputs = np.array([[5, 6, 7, 3, 0, 0, 0]])
+    targets = np.array([[9, 10, 11, 3]])
+    segmentation = np.array([[1, 1, 1, 1, 0, 0, 0]])
+    changed = inputs.copy()
+    changed[0, 4:] = [13, 14, 15]  # garbage where padding is, still marked as padding
+    a = logits_of(TINY, params, inputs, targets, inputs_segmentation=jnp.asarray(segmentation))
+    b = logits_of(TINY, params, changed, targets, inputs_segmentation=jnp.asarray(segmentation))
+    np.testing.assert_array_equal(a, b)
+    c = logits_of(TINY, params, np.array([[5, 6, 7, 3]]), targets)  # no padding at all
+    np.testing.assert_allclose(a, c, atol=1e-5)
+
+
+def test_packed_row_equals_each_sequence_alone():
+    params = init(TINY)
+    src1, tgt1 = [5, 6, 7, 3], [9, 10, 3]
+    src2, tgt2 = [11, 12, 3], [13, 14, 15, 16, 3]
+    inputs = np.array([src1 + src2 + [0]])
+    targets = np.array([tgt1 + tgt2 + [0]])
+    packed = logits_of(
+        TINY, params, inputs, targets,
+        inputs_segmentation=jnp.array([[1] * 4 + [2] * 3 + [0]]),
+        targets_segmentation=jnp.array([[1] * 3 + [2] * 5 + [0]]),
+        inputs_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
+        targets_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 0]]),
+    )  # fmt: skip
+    alone1 = logits_of(TINY, params, np.array([src1]), np.array([tgt1]))
+    alone2 = logits_of(TINY, params, np.array([src2]), np.array([tgt2]))
+    np.testing.assert_allclose(packed[0, :3], alone1[0], atol=1e-5)
+    np.testing.assert_allclose(packed[0, 3:8], alone2[0], atol=1e-5)
+
+
+def test_sinusoid_table_is_the_papers_formula():
+    d_model, max_len = 12, 50
+    table = sinusoid_table(max_len, d_model)
+    for pos in range(max_len):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("variant", [{}, {"norm": "pre"}, {"positional": "learned"}])
+def test_cached_decoding_equals_full_forward(variant):
+    config = dataclasses.replace(TINY, **variant)
+    params = init(config)
+    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 3, 0, 0, 0, 0]])
+    targets = jnp.array([[9, 10, 11, 12, 13, 3], [4, 5, 6, 3, 0, 0]])
+    full = logits_of(config, params, inputs, targets)
+    model = Transformer(config)
+    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+    segmentation = (inputs != 0).astype(jnp.int32)
+    cache = decode.init_cache(config, batch_size=2, max_len=targets.shape[1])
+    previous = jnp.full((2,), 2)  # BOS
+    for t in range(targets.shape[1]):
+        step_logits, cache = decode.decode_step(config, params, cache, encoded, segmentation, previous)
+        np.testing.assert_allclose(np.asarray(step_logits)[0], full[0, t], atol=1e-5)
+        if t < 4:
+            np.testing.assert_allclose(np.asarray(step_logits)[1], full[1, t], atol=1e-5)
+        previous = targets[:, t]
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+    config = dataclasses.replace(TINY, dropout_rate=0.0)
+    params = init(config)
+    inputs = np.array([[5, 6, 7, 8, 3, 0, 0]])
+    targets = np.array([[9, 10, 11, 12, 3]])
+    f32 = logits_of(config, params, inputs, targets)
+    bf16 = logits_of(dataclasses.replace(config, dtype=jnp.bfloat16), params, inputs, targets)
+    assert jax.tree.leaves(params)[0].dtype == jnp.float32
+    assert np.isfinite(bf16).all()
+    assert np.abs(bf16 - f32).max() < 0.1 * np.abs(f32).max() + 0.05
+
+
+def test_dropout_only_in_training_mode():
+    params = init(TINY)
+    inputs, targets = jnp.array([[5, 6, 7, 3]]), jnp.array([[9, 10, 3]])
+    model = Transformer(TINY)
+    a = model.apply({"params": params}, inputs, targets)
+    b = model.apply({"params": params}, inputs, targets)
+    c = model.apply({"params": params}, inputs, targets, deterministic=False, rngs={"dropout": jax.random.key(3)})
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
+
+
+def test_parameter_count_matches_closed_form():
+    """Shared embedding + N encoder layers + N decoder layers, counted by hand."""
+    import ml_collections
+
+    m = ml_collections.ConfigDict(dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, d_k=64, d_v=64))
+    V, d, f, h, dk, dv = 37000, 512, 2048, 8, 64, 64
+    attention = 2 * (d * h * dk + h * dk) + d * h * dv + h * dv + h * dv * d + d
+    ffn = d * f + f + f * d + d
+    norm = 2 * d
+    expected = V * d + 6 * (attention + ffn + 2 * norm) + 6 * (2 * attention + ffn + 3 * norm)
+    assert count_parameters(m, V) == expected
