@@ -34,6 +34,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.target_lang = "de"
     config.data.tfds_data_dir = ""  # TFDS data directory ("" = TFDS default, ~/tensorflow_datasets)
     config.data.manual_dir = ""  # TFDS manual-download directory for WMT files
+    config.data.num_train = 40_000  # embedded corpus: pairs per split, and the grammar's seed
+    config.data.num_validation = 1_000
+    config.data.num_test = 1_000
+    config.data.corpus_seed = 0
+    config.data.source_file = ""  # dataset "text": line-aligned source and target files (plain or .gz)
+    config.data.target_file = ""
+    config.data.heldout = 1000  # dataset "text": the last 2 x heldout pairs are validation and test
     config.data.train_split = "train"
     config.data.eval_split = "validation"  # newstest2013
     config.data.test_split = "test"  # newstest2014

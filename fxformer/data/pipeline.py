@@ -1,0 +1,164 @@
+"""The grain input pipeline: records -> token ids -> packed training rows / padded eval batches.
+
+Training: shard(process) - shuffle(seed, reshuffled every epoch) - tokenize - length filter -
+pack into fixed-length rows with segment ids and positions - batch to a token budget.
+The iterator's state (`get_state`/`set_state`) is saved with each checkpoint, so a resumed
+run sees exactly the batches it would have seen.
+
+Evaluation: every example exactly once, in order, padded (not packed), the last partial batch
+filled with empty rows whose `example_mask` is 0.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+import grain
+import ml_collections
+import numpy as np
+
+from fxformer.data.tokenizer import Tokenizer
+from fxformer.tokens import EOS_ID, PAD_ID
+
+
+class LengthFilter:
+    """Drops or truncates pairs longer than `max_length` tokens on either side, and counts them."""
+
+    def __init__(self, max_length: int, overlong: str):
+        if overlong not in ("drop", "truncate"):
+            raise ValueError(f"data.overlong must be 'drop' or 'truncate', not {overlong!r}.")
+        self.max_length, self.overlong = max_length, overlong
+        self.seen = self.overlong_pairs = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, example: dict) -> dict | None:
+        too_long = max(len(example["inputs"]), len(example["targets"])) > self.max_length
+        with self._lock:
+            self.seen += 1
+            self.overlong_pairs += too_long
+        if not too_long:
+            return example
+        if self.overlong == "drop":
+            return None
+        return {key: _truncate(ids, self.max_length) for key, ids in example.items()}
+
+    def report(self) -> str:
+        verb = "dropped" if self.overlong == "drop" else "truncated"
+        return f"{verb} {self.overlong_pairs:,} of {self.seen:,} pairs longer than {self.max_length} tokens"
+
+
+def _truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
+    return np.concatenate([ids[: max_length - 1], [EOS_ID]]).astype(np.int32) if len(ids) > max_length else ids
+
+
+def tokenize_fn(tokenizer: Tokenizer, source_lang: str, target_lang: str):
+    """A record {lang: bytes} -> {'inputs': ids, 'targets': ids}, each ending in EOS."""
+
+    def tokenize(record: dict) -> dict:
+        text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
+        return {
+            "inputs": tokenizer.encode(text(record[source_lang])),
+            "targets": tokenizer.encode(text(record[target_lang])),
+        }
+
+    return tokenize
+
+
+def rows_per_step(data: ml_collections.ConfigDict, num_devices: int, grad_accum_steps: int = 1) -> int:
+    """Global packed rows per step: the token budget over the row length, divisible by devices x micro-batches."""
+    unit = num_devices * grad_accum_steps
+    rows = max(1, data.tokens_per_batch // data.max_length)
+    return unit * math.ceil(rows / unit)
+
+
+def train_examples(
+    source,
+    tokenizer: Tokenizer,
+    data: ml_collections.ConfigDict,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    num_epochs: int | None = None,
+) -> tuple[grain.MapDataset, LengthFilter]:
+    """This process's shard of the training pairs, shuffled every epoch, tokenized, length-filtered."""
+    length_filter = LengthFilter(data.max_length, data.overlong)
+    ds = grain.MapDataset.source(source)[process_index::process_count]
+    ds = ds.shuffle(seed=seed).repeat(num_epochs)  # a new permutation every epoch
+    ds = ds.map(tokenize_fn(tokenizer, data.source_lang, data.target_lang))
+    ds = ds.map(length_filter).filter(lambda example: example is not None)
+    return ds, length_filter
+
+
+def pack(examples: grain.IterDataset, max_length: int, rows: int, seed: int, drop_remainder: bool = True):
+    """Pack examples into batches of `rows` rows of `max_length` slots (first fit over `rows` bins).
+
+    Keys: inputs, targets, and for each their `_segment_ids` (1, 2, ... per packed example,
+    0 = padding) and `_positions` (restarting at 0 in every example).
+    """
+    lengths = {"inputs": max_length, "targets": max_length}
+    packed = grain.experimental.FirstFitPackIterDataset(
+        examples, length_struct=lengths, num_packing_bins=rows, seed=seed, shuffle_bins=True
+    )
+    return packed.batch(rows, drop_remainder=drop_remainder)
+
+
+def train_dataset(
+    source,
+    tokenizer: Tokenizer,
+    data: ml_collections.ConfigDict,
+    rows: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> tuple[grain.IterDataset, LengthFilter]:
+    """Endless packed training batches for this process: [rows / process_count, max_length] arrays."""
+    if rows % process_count:
+        raise ValueError(f"{rows} rows per step do not split over {process_count} processes.")
+    examples, length_filter = train_examples(source, tokenizer, data, seed, process_index, process_count)
+    examples = examples.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=256))
+    return pack(examples, data.max_length, rows // process_count, seed), length_filter
+
+
+def eval_length(examples: list[dict], data: ml_collections.ConfigDict, limit: int) -> int:
+    """Padded length of eval batches: the longest example rounded up to 8, at most `limit`."""
+    longest = max((max(len(e["inputs"]), len(e["targets"])) for e in examples), default=1)
+    return min(limit, 8 * math.ceil(longest / 8))
+
+
+def tokenize_split(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict, limit: int = 0) -> list[dict]:
+    """Every example of an eval split, tokenized, in order (the first `limit` if > 0)."""
+    tokenize = tokenize_fn(tokenizer, data.source_lang, data.target_lang)
+    n = len(source) if limit <= 0 else min(limit, len(source))
+    return [tokenize(source[i]) for i in range(n)]
+
+
+def eval_batches(
+    examples: list[dict],
+    batch_size: int,
+    length: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Iterator[dict]:
+    """This process's part of each global eval batch of `batch_size` examples, padded to `length`.
+
+    Every process yields the same number of batches; `example_mask` marks real rows and
+    `index` their position in the split (-1 for filler), so each example counts once.
+    Longer examples are truncated to `length` (ending in EOS).
+    """
+    if batch_size % process_count:
+        raise ValueError(f"eval batch size {batch_size} does not split over {process_count} processes.")
+    local = batch_size // process_count
+    for start in range(0, len(examples), batch_size):
+        batch = {key: np.full((local, length), PAD_ID, np.int32) for key in ("inputs", "targets")}
+        batch["index"] = np.full((local,), -1, np.int32)
+        for row in range(local):
+            i = start + process_index * local + row
+            if i < len(examples):
+                for key in ("inputs", "targets"):
+                    ids = _truncate(examples[i][key], length)
+                    batch[key][row, : len(ids)] = ids
+                batch["index"][row] = i
+        batch["example_mask"] = (batch["index"] >= 0).astype(np.float32)
+        yield batch

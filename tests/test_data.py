@@ -1,0 +1,212 @@
+"""Corpora, tokenizer and grain pipeline, each checked against an independent computation."""
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import small_config
+from tensorflow_datasets.translate import wmt14
+
+from fxformer.data import corpora, pipeline, tokenizer_for
+from fxformer.tokens import EOS_ID, PAD_ID
+
+
+def texts(builder, split, lang):
+    source = corpora.data_source(builder, split)
+    return [source[i][lang].decode("utf-8") for i in range(len(source))]
+
+
+def first_batches(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_no_validation_or_test_sentence_occurs_in_train(corpus):
+    _, builder, _ = corpus
+    for lang in ("en", "de"):
+        train = set(texts(builder, "train", lang))
+        held_out = texts(builder, "validation", lang) + texts(builder, "test", lang)
+        assert len(train) == 3000 and len(held_out) == 200
+        assert not train.intersection(held_out)
+
+
+def test_tokenizer_round_trips_the_corpus_with_distinct_special_ids(corpus):
+    _, builder, tokenizer = corpus
+    sp = tokenizer.sp
+    assert len({sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()}) == 4
+    for split in ("train", "validation", "test"):
+        for lang in ("en", "de"):
+            for sentence in texts(builder, split, lang):
+                ids = tokenizer.encode(sentence)
+                assert ids[-1] == EOS_ID and PAD_ID not in ids and sp.unk_id() not in ids
+                assert tokenizer.decode(ids) == sentence
+
+
+def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus):
+    config, builder, tokenizer = corpus
+    data = config.data.copy_and_resolve_references()  # the fixture is shared: change a copy
+    data.overlong = "drop"
+    data.max_length = 20  # some pairs are longer and must be dropped
+    source = corpora.data_source(builder, "validation")
+    examples, length_filter = pipeline.train_examples(source, tokenizer, data, seed=3, num_epochs=1)
+    batches = list(pipeline.pack(examples.to_iter_dataset(), data.max_length, rows=4, seed=3, drop_remainder=False))
+    # Independently: tokenize every pair, keep those that fit.
+    expected = Counter()
+    for i in range(len(source)):
+        src = tuple(tokenizer.encode(source[i]["en"].decode()))
+        tgt = tuple(tokenizer.encode(source[i]["de"].decode()))
+        if max(len(src), len(tgt)) <= data.max_length:
+            expected[src, tgt] += 1
+    assert 0 < length_filter.overlong_pairs == len(source) - sum(expected.values())
+    # Rebuild each packed example from its segment id; positions must count 0, 1, 2, ...
+    found = Counter()
+    for batch in batches:
+        for row in range(batch["inputs"].shape[0]):
+            segments = {}
+            for side in ("inputs", "targets"):
+                seg, pos, tok = (batch[side + k][row] for k in ("_segment_ids", "_positions", ""))
+                assert (tok[seg == 0] == PAD_ID).all()
+                for s in np.unique(seg[seg > 0]):
+                    np.testing.assert_array_equal(pos[seg == s], np.arange((seg == s).sum()))
+                    segments.setdefault(s, {})[side] = tuple(tok[seg == s])
+            for parts in segments.values():
+                found[parts["inputs"], parts["targets"]] += 1
+    assert found == expected
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_eval_batches_cover_every_example_exactly_once(corpus, process_count):
+    config, builder, tokenizer = corpus
+    examples = pipeline.tokenize_split(corpora.data_source(builder, "test"), tokenizer, config.data)
+    length = pipeline.eval_length(examples, config.data, limit=64)
+    seen = Counter()
+    num_batches = []
+    for p in range(process_count):
+        batches = list(pipeline.eval_batches(examples, 12, length, p, process_count))  # 100 = 8 x 12 + 4
+        num_batches.append(len(batches))
+        for batch in batches:
+            for row, index in enumerate(batch["index"]):
+                assert batch["example_mask"][row] == (index >= 0)
+                if index >= 0:
+                    seen[index] += 1
+                    ids = examples[index]["inputs"]
+                    np.testing.assert_array_equal(batch["inputs"][row, : len(ids)], ids)
+                    assert (batch["inputs"][row, len(ids) :] == PAD_ID).all()
+                else:
+                    assert (batch["inputs"][row] == PAD_ID).all()
+    assert num_batches == [9] * process_count  # every process runs the same number of steps
+    assert seen == Counter(range(len(examples)))
+
+
+def test_same_seed_same_batches_and_another_seed_others(corpus):
+    config, builder, tokenizer = corpus
+    source = corpora.data_source(builder, "train")
+    make = lambda seed: iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed)[0])
+    a, b, c = first_batches(make(0), 5), first_batches(make(0), 5), first_batches(make(1), 5)
+    assert_same_batches(a, b)
+    assert not np.array_equal(a[0]["inputs"], c[0]["inputs"])
+
+
+def test_restored_iterator_continues_as_if_never_stopped(corpus):
+    config, builder, tokenizer = corpus
+    source = corpora.data_source(builder, "train")
+    make = lambda: iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed=5)[0])
+    uninterrupted = first_batches(make(), 400)  # past the end of the first epoch (~320 batches)
+    stopped = make()
+    first_batches(stopped, 150)
+    state = stopped.get_state()
+    resumed = make()
+    resumed.set_state(state)
+    assert_same_batches(first_batches(resumed, 250), uninterrupted[150:])
+
+
+def test_process_shards_are_disjoint_and_complete(corpus):
+    config, builder, tokenizer = corpus
+    source = corpora.data_source(builder, "validation")
+    data = config.data.copy_and_resolve_references()
+    data.max_length = 128  # keep every pair
+    seen = []
+    for p in range(2):
+        ds, _ = pipeline.train_examples(source, tokenizer, data, 0, p, process_count=2, num_epochs=1)
+        seen += [tuple(e["inputs"]) for e in ds.to_iter_dataset()]
+    assert len(seen) == 100
+    assert Counter(seen) == Counter(tuple(tokenizer.encode(t)) for t in texts(builder, "validation", "en"))
+
+
+class FakeWmt14(wmt14.Wmt14Translate, skip_registration=True):
+    """The real WMT14 builder's name, features and layout, generating made-up sentences offline."""
+
+    name = "wmt14_translate"
+
+    def _split_generators(self, dl_manager):
+        def generate(n, tag):
+            for i in range(n):
+                yield i, {"de": f"Das ist Satz {i} aus {tag}.", "en": f"This is sentence {i} from {tag}."}
+
+        return {"train": generate(300, "train"), "validation": generate(20, "dev"), "test": generate(30, "test")}
+
+
+def test_wmt14_path_produces_batches_from_generated_data(tmp_path):
+    FakeWmt14(config="de-en", data_dir=tmp_path).download_and_prepare(file_format="array_record")
+    config = small_config(tmp_path, dataset="wmt14_translate/de-en", vocab_size=100, tokenizer_sentences=600)
+    builder = corpora.prepare(config.data)  # the registered tfds builder, reading what is on disk
+    assert type(builder).__name__ == "Wmt14Translate" and builder.info.supervised_keys == ("de", "en")
+    tokenizer = tokenizer_for(config.data, builder, tmp_path / "work")
+    assert (tmp_path / "work" / "tokenizer.model").exists()
+    source = corpora.data_source(builder, "train")
+    batch = next(iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed=0)[0]))
+    assert batch["inputs"].shape == (8, 32) and (batch["inputs_segment_ids"] > 0).mean() > 0.5
+    row = batch["inputs"][0][batch["inputs_segment_ids"][0] == 1]
+    assert tokenizer.decode(row).startswith("This is sentence")  # en is the source, as in the paper
+    test = pipeline.tokenize_split(corpora.data_source(builder, "test"), tokenizer, config.data)
+    assert sum(b["example_mask"].sum() for b in pipeline.eval_batches(test, 8, 32)) == 30
+
+
+def test_wmt17_is_an_option(tmp_path):
+    config = small_config(tmp_path, dataset="wmt17_translate/de-en")
+    assert corpora.get_builder(config.data).name == "wmt17_translate"
+
+
+def test_own_parallel_text_files(tmp_path):
+    with gzip.open(tmp_path / "train.en.gz", "wt") as f:
+        f.writelines(f"sentence number {i}\n" for i in range(50))
+    (tmp_path / "train.de").write_text("".join(f"Satz Nummer {i}\n" for i in range(50)))
+    config = small_config(
+        tmp_path,
+        dataset="text",
+        source_file=str(tmp_path / "train.en.gz"),
+        target_file=str(tmp_path / "train.de"),
+        heldout=5,
+    )
+    builder = corpora.prepare(config.data)
+    assert texts(builder, "train", "en")[:2] == ["sentence number 0", "sentence number 1"]
+    assert texts(builder, "validation", "de") == [f"Satz Nummer {i}" for i in range(40, 45)]
+    assert texts(builder, "test", "de") == [f"Satz Nummer {i}" for i in range(45, 50)]
+
+
+def test_missing_data_is_one_sentence(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", "--config.data.dataset=text",
+         f"--config.data.source_file={tmp_path}/nope.en", f"--config.data.target_file={tmp_path}/nope.de"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: data.source_file '{tmp_path}/nope.en' does not exist."
+
+
+def test_grain_iterator_state_is_json(corpus):
+    config, builder, tokenizer = corpus
+    it = iter(pipeline.train_dataset(corpora.data_source(builder, "train"), tokenizer, config.data, 8, 0)[0])
+    next(it)
+    assert json.loads(json.dumps(it.get_state())) == it.get_state()
