@@ -51,6 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.tokens_per_batch = 25_000  # per side, global, per step (paper: ~25,000 + 25,000)
     config.data.eval_batch_size = 64  # sentences per evaluation batch, global
     config.data.shuffle_seed = 0
+    config.data.num_shards = 0  # training-data shards (0 = one per process); fix it to make the data
+    # order independent of the process count (resuming on a different number of hosts)
 
     config.label_smoothing = 0.1  # eps_ls
     config.warmup_steps = 4000

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+from absl import logging as absl_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # config files import each other as `configs.base`
@@ -138,6 +139,7 @@ def parse(
 def run(main: Callable[[], int | None]) -> None:
     """Run a command's main; a UserError becomes one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS and orbax chatter; our own output is print()
     try:
         sys.exit(main() or 0)
     except UserError as e:

@@ -67,8 +67,9 @@ def tokenize_fn(tokenizer: Tokenizer, source_lang: str, target_lang: str):
 
 
 def rows_per_step(data: ml_collections.ConfigDict, num_devices: int, grad_accum_steps: int = 1) -> int:
-    """Global packed rows per step: the token budget over the row length, divisible by devices x micro-batches."""
-    unit = num_devices * grad_accum_steps
+    """Global packed rows per step: the token budget over the row length, rounded up to a multiple
+    of devices x micro-batches (and of the data shards)."""
+    unit = math.lcm(num_devices * grad_accum_steps, data.num_shards or 1)
     rows = max(1, data.tokens_per_batch // data.max_length)
     return unit * math.ceil(rows / unit)
 
@@ -81,9 +82,10 @@ def train_examples(
     process_index: int = 0,
     process_count: int = 1,
     num_epochs: int | None = None,
+    length_filter: LengthFilter | None = None,
 ) -> tuple[grain.MapDataset, LengthFilter]:
-    """This process's shard of the training pairs, shuffled every epoch, tokenized, length-filtered."""
-    length_filter = LengthFilter(data.max_length, data.overlong)
+    """Shard `process_index` of `process_count` of the training pairs, shuffled every epoch, tokenized, filtered."""
+    length_filter = length_filter or LengthFilter(data.max_length, data.overlong)
     ds = grain.MapDataset.source(source)[process_index::process_count]
     ds = ds.shuffle(seed=seed).repeat(num_epochs)  # a new permutation every epoch
     ds = ds.map(tokenize_fn(tokenizer, data.source_lang, data.target_lang))
@@ -113,12 +115,30 @@ def train_dataset(
     process_index: int = 0,
     process_count: int = 1,
 ) -> tuple[grain.IterDataset, LengthFilter]:
-    """Endless packed training batches for this process: [rows / process_count, max_length] arrays."""
-    if rows % process_count:
-        raise ValueError(f"{rows} rows per step do not split over {process_count} processes.")
-    examples, length_filter = train_examples(source, tokenizer, data, seed, process_index, process_count)
-    examples = examples.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=256))
-    return pack(examples, data.max_length, rows // process_count, seed), length_filter
+    """Endless packed training batches for this process: [rows / process_count, max_length] arrays.
+
+    The records are split into `data.num_shards` shards (0 = one per process); each shard is
+    shuffled, tokenized and packed into its share of the rows, and a process reads only its own
+    shards. With a fixed shard count the global batches do not depend on how many processes
+    read them.
+    """
+    num_shards = data.num_shards or process_count
+    if num_shards % process_count or rows % num_shards:
+        raise ValueError(
+            f"data.num_shards={num_shards} must be a multiple of the {process_count} processes "
+            f"and divide the {rows} rows per step."
+        )
+    per_process = num_shards // process_count
+    length_filter = LengthFilter(data.max_length, data.overlong)
+    packed = []
+    for shard in range(process_index * per_process, (process_index + 1) * per_process):
+        examples, _ = train_examples(source, tokenizer, data, seed, shard, num_shards, length_filter=length_filter)
+        examples = examples.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=256))
+        packed.append(pack(examples, data.max_length, rows // num_shards, seed))
+    if per_process == 1:
+        return packed[0], length_filter
+    concat = lambda parts: {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    return grain.experimental.ZipIterDataset(packed).map(concat), length_filter
 
 
 def eval_length(examples: list[dict], data: ml_collections.ConfigDict, limit: int) -> int:

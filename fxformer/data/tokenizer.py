@@ -57,7 +57,8 @@ def train_tokenizer(
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    sample, start, last = [], time.time(), 0.0
+    sample, start = [], time.time()
+    last = start
     for sentence in sentences:
         if len(sample) >= max_sentences:
             break

@@ -1,0 +1,94 @@
+"""Orbax checkpoints: save (async, sharded), restore onto any device count, average.
+
+A training checkpoint `W/checkpoints/<step>` holds two items: `state` (step, parameters,
+optimizer state, RNG key) and `data` (the grain iterator's position, one file per process).
+An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps averaged).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from fxformer.cli import UserError
+
+
+def manager(directory: Path, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
+    """A manager over `directory` keeping the last `keep` steps (0 = all)."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep or None, enable_async_checkpointing=asynchronous, create=True
+    )
+    return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
+    """Start writing `state` (and the data iterator's position) at `step`; returns before it is written."""
+    items = {"state": ocp.args.StandardSave(state)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    mngr.save(step, args=ocp.args.Composite(**items), force=True)
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
+    """The state at `step`, laid out as `abstract_state` says (its shardings pick the devices).
+
+    `data_iterator`, if given, is moved to the saved position.
+    """
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
+    except FileNotFoundError:
+        raise UserError(f"Checkpoint {mngr.directory}/{step} is missing or incomplete.") from None
+    except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
+        if data_iterator is not None and "process_" in str(e):
+            raise UserError(
+                f"Checkpoint {mngr.directory}/{step} was written by a different number of processes; "
+                "resume with the same process count."
+            ) from None
+        raise UserError(
+            f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
+            "delete that step's directory or pick another with --step."
+        ) from None
+
+
+def abstract_like(tree, sharding) -> object:
+    """Shapes and dtypes of `tree` (arrays or ShapeDtypeStructs), each placed with `sharding`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_state) -> dict:
+    """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or 20)."""
+    total = None
+    for step in steps:
+        params = restore(mngr, step, abstract_state).params
+        total = params if total is None else jax.tree.map(jnp.add, total, params)
+    return jax.tree.map(lambda x: x / len(steps), total)
+
+
+def save_params(directory: Path, step: int, params, meta: dict) -> None:
+    """Write parameters alone (an averaged checkpoint) with a JSON description, and wait."""
+    with manager(directory, asynchronous=False) as mngr:
+        mngr.save(
+            step,
+            args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+
+
+def restore_params(directory: Path, step: int, abstract_params) -> tuple[dict, dict]:
+    """Parameters and description of an averaged checkpoint."""
+    with manager(directory, asynchronous=False) as mngr:
+        try:
+            out = mngr.restore(
+                step,
+                args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()),
+            )
+        except Exception as e:
+            raise UserError(f"Averaged checkpoint {directory}/{step} is unreadable ({type(e).__name__}).") from None
+    return out["params"], out["meta"]

@@ -1,0 +1,60 @@
+"""Data parallelism over every device of every process: a 1-D `Mesh('data')`.
+
+The semantics of pmap, written with `jax.jit` and shardings: parameters and optimizer state
+are replicated, each batch is split along its rows over the devices, and XLA averages the
+gradients across all of them. Each process feeds only its own slice of the global batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from fxformer.cli import UserError
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
+    """Join a multi-process run (a TPU pod slice, several GPU hosts) before touching devices.
+
+    With no arguments JAX finds the cluster itself (Cloud TPU, SLURM, Open MPI);
+    the arguments name it explicitly, e.g. a coordinator on localhost for tests.
+    """
+    kwargs = {}
+    if coordinator_address:
+        kwargs["coordinator_address"] = coordinator_address
+    if num_processes:
+        kwargs["num_processes"] = num_processes
+    if process_id >= 0:
+        kwargs["process_id"] = process_id
+    jax.distributed.initialize(**kwargs)
+
+
+def data_mesh() -> Mesh:
+    """Every device of every process on one 'data' axis."""
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """The same full copy on every device (parameters, optimizer state, scalars)."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def sharded_rows(mesh: Mesh) -> NamedSharding:
+    """Rows (the leading axis) split over the 'data' axis (batches)."""
+    return NamedSharding(mesh, PartitionSpec("data"))
+
+
+def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays whose rows span all processes, in process order."""
+    sharding = sharded_rows(mesh)
+    out = {}
+    for key, value in local_batch.items():
+        if value.shape[0] % jax.local_device_count():
+            raise UserError(
+                f"A batch of {value.shape[0]} rows per process does not split over "
+                f"{jax.local_device_count()} local devices; change data.tokens_per_batch or data.eval_batch_size."
+            )
+        global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
+        out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
+    return out
