@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.positional = "sinusoidal"  # or "learned" (Table 3 row E)
     config.model.max_len = 512  # positional table size; >= data.max_length
     config.model.norm = "post"  # or "pre" (departure)
-    config.model.attention_bias = True  # False: t2t's bias-free projections
+    config.model.attention_bias = False  # the paper's W^Q, W^K, W^V, W^O have no biases (True: departure)
     config.model.dtype = "float32"  # or "bfloat16" compute with float32 parameters
 
     config.data = ml_collections.ConfigDict()

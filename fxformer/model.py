@@ -43,7 +43,7 @@ class TransformerConfig:
     positional: str = "sinusoidal"  # or "learned" (Table 3 row E)
     max_len: int = 512  # size of the positional table
     norm: str = "post"  # "post": LayerNorm(x + Dropout(f(x))); "pre": x + Dropout(f(LayerNorm(x)))
-    attention_bias: bool = True  # biases on the Q, K, V and output projections
+    attention_bias: bool = False  # departure when True: biases on the Q, K, V and output projections
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
     decode: bool = False  # one target position per call, with a key/value cache
 

@@ -47,10 +47,10 @@ def test_wrong_types_are_refused(key, raw, message):
 def test_overrides_are_typed():
     config = cli.load_config("configs/table3.py:E")
     cli.apply_override(config, "model.dropout_rate", "1")
-    cli.apply_override(config, "model.attention_bias", "false")
+    cli.apply_override(config, "model.attention_bias", "true")
     cli.apply_override(config, "model.dtype", "bfloat16")
     assert config.model.dropout_rate == 1.0 and isinstance(config.model.dropout_rate, float)
-    assert config.model.attention_bias is False
+    assert config.model.attention_bias is True
     assert config.model.dtype == "bfloat16" and config.model.positional == "learned"
 
 

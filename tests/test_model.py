@@ -27,9 +27,10 @@ def logits_of(config, params, inputs, targets, **kw):
 def numpy_attention(params, xq, xkv, mask, h, d_k, d_v):
     """softmax(Q K^T / sqrt(d_k)) V per head, in float64 NumPy, from the module's weights."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-    q = (xq @ p["query"]["kernel"] + p["query"]["bias"]).reshape(*xq.shape[:2], h, d_k)
-    k = (xkv @ p["key"]["kernel"] + p["key"]["bias"]).reshape(*xkv.shape[:2], h, d_k)
-    v = (xkv @ p["value"]["kernel"] + p["value"]["bias"]).reshape(*xkv.shape[:2], h, d_v)
+    project = lambda x, name: x @ p[name]["kernel"] + p[name].get("bias", 0.0)
+    q = project(xq, "query").reshape(*xq.shape[:2], h, d_k)
+    k = project(xkv, "key").reshape(*xkv.shape[:2], h, d_k)
+    v = project(xkv, "value").reshape(*xkv.shape[:2], h, d_v)
     out = np.zeros((*xq.shape[:2], h, d_v))
     for b in range(xq.shape[0]):
         for i in range(h):
@@ -37,12 +38,12 @@ def numpy_attention(params, xq, xkv, mask, h, d_k, d_v):
             scores = np.where(mask[b], scores, -np.inf)
             weights = np.exp(scores - scores.max(-1, keepdims=True))
             out[b, :, i] = (weights / weights.sum(-1, keepdims=True)) @ v[b, :, i]
-    return out.reshape(*xq.shape[:2], h * d_v) @ p["out"]["kernel"] + p["out"]["bias"]
+    return project(out.reshape(*xq.shape[:2], h * d_v), "out")
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_equals_numpy_with_padding_and_causal_masks(causal):
-    c = TINY
+@pytest.mark.parametrize("causal, bias", [(False, False), (True, False), (True, True)])
+def test_attention_equals_numpy_with_padding_and_causal_masks(causal, bias):
+    c = dataclasses.replace(TINY, attention_bias=bias)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 5, c.d_model)).astype(np.float32)
     lengths = np.array([5, 3])  # the second row has two padded keys
@@ -170,7 +171,7 @@ def test_parameter_count_matches_closed_form():
 
     m = ml_collections.ConfigDict(dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, d_k=64, d_v=64))
     V, d, f, h, dk, dv = 37000, 512, 2048, 8, 64, 64
-    attention = 2 * (d * h * dk + h * dk) + d * h * dv + h * dv + h * dv * d + d
+    attention = 2 * d * h * dk + d * h * dv + h * dv * d  # W^Q, W^K, W^V, W^O: no biases
     ffn = d * f + f + f * d + d
     norm = 2 * d
     expected = V * d + 6 * (attention + ffn + 2 * norm) + 6 * (2 * attention + ffn + 3 * norm)

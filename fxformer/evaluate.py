@@ -1,0 +1,193 @@
+"""Checkpoint(s) -> per-wordpiece perplexity and sacreBLEU, the way the paper measured them.
+
+    python -m fxformer.evaluate --workdir=runs/default
+    python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --beam_size=4 --alpha=0.6
+
+Restores onto the devices at hand, whatever count trained the run. Writes
+`W/eval/<split>-<step>.json` (bleu, ppl, num_sentences, checkpoint_steps, sacreBLEU's
+signature, ...) and the detokenized translations beside it (`.hyp.txt`, with `.ref.txt`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import sacrebleu
+from jax.experimental import multihost_utils
+
+from fxformer import checkpoint, cli, decode, parallel, train
+from fxformer.data import corpora, pipeline
+from fxformer.data.tokenizer import Tokenizer
+from fxformer.metrics import duration
+
+
+def progress(done: int, total: int, start: float, what: str) -> None:
+    """`what: done/total, ETA` on one stderr line, rewritten in place."""
+    elapsed = time.time() - start
+    eta = duration(elapsed / done * (total - done)) if done else "?"
+    end = "\n" if done == total else ""
+    print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+
+
+def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, log=print):
+    """(config, model, tokenizer, params, checkpoint steps, mesh) of a training workdir.
+
+    `step` picks one checkpoint; `average_last` > 1 averages the last k (saved once under
+    `W/averaged/<last step>` and reused); neither: the config's `average_last`.
+    """
+    workdir = Path(workdir)
+    config = train.load_workdir_config(workdir)
+    if not (workdir / "tokenizer.model").exists():
+        raise cli.UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
+    tokenizer = Tokenizer(workdir / "tokenizer.model")
+    mesh = parallel.data_mesh()
+    model, _, abstract_state, _ = train.build(config, tokenizer.vocab_size, mesh)
+    directory = workdir / "checkpoints"
+    steps = []
+    if directory.exists():
+        with checkpoint.manager(directory, asynchronous=False) as mngr:
+            steps = list(mngr.all_steps())
+    if not steps:
+        raise cli.UserError(f"{directory} holds no checkpoint; train first.")
+    if step:
+        if step not in steps:
+            raise cli.UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
+        chosen = [step]
+    else:
+        chosen = steps[-(average_last or config.average_last) :]
+    with checkpoint.manager(directory, asynchronous=False) as mngr:
+        if len(chosen) == 1:
+            params = checkpoint.restore(mngr, chosen[0], abstract_state).params
+        else:
+            params = averaged(workdir, mngr, chosen, abstract_state, log)
+    return config, model, tokenizer, params, chosen, mesh
+
+
+def averaged(workdir: Path, mngr, steps: list[int], abstract_state, log=print):
+    """The mean parameters of `steps`, from `W/averaged/<last step>` if written before, else computed and saved."""
+    directory = workdir / "averaged"
+    with checkpoint.manager(directory, asynchronous=False) as avg:
+        if steps[-1] in avg.all_steps():
+            params, meta = checkpoint.restore_params(directory, steps[-1], abstract_state.params)
+            if meta["checkpoint_steps"] == steps:
+                return params
+    log(f"averaging the parameters of steps {steps}")
+    params = checkpoint.average_params(mngr, steps, abstract_state)
+    checkpoint.save_params(directory, steps[-1], params, {"checkpoint_steps": steps})
+    return params
+
+
+def translator(model, mesh, beam_size: int, alpha: float, max_extra: int):
+    """A jitted (params, inputs [b, l]) -> best outputs [b, l + max_extra], rows split over devices."""
+    search = functools.partial(decode.beam_search, model.config, beam_size=beam_size, alpha=alpha, max_extra=max_extra)
+    best = lambda params, inputs: search(params, inputs)[0][:, 0]
+    return jax.jit(
+        best,
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
+        out_shardings=parallel.sharded_rows(mesh),
+    )
+
+
+def translate_examples(
+    translate, params, examples: list[dict], tokenizer: Tokenizer, batch_size: int, length: int, mesh, what: str
+) -> list[str]:
+    """Detokenized best translation of every example's `inputs`, in order."""
+    out = [""] * len(examples)
+    batches = list(pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()))
+    start = time.time()
+    for i, batch in enumerate(batches):
+        inputs = parallel.global_batch(mesh, {"inputs": batch["inputs"]})["inputs"]
+        outputs = multihost_utils.process_allgather(translate(params, inputs), tiled=True)
+        index = multihost_utils.process_allgather(batch["index"], tiled=False).reshape(-1)
+        for row, j in zip(np.asarray(outputs), index):
+            if j >= 0:
+                out[j] = tokenizer.decode(row)
+        progress(i + 1, len(batches), start, what)
+    return out
+
+
+def evaluate(
+    workdir: Path,
+    split: str = "test",
+    step: int = 0,
+    average_last: int = 0,
+    beam_size: int | None = None,
+    alpha: float | None = None,
+    limit: int = 0,
+    log=print,
+) -> dict:
+    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
+    workdir = Path(workdir)
+    config, model, tokenizer, params, steps, mesh = restore_for_inference(workdir, step, average_last, log)
+    beam_size = beam_size or config.beam_size
+    alpha = config.alpha if alpha is None else alpha
+    data: ml_collections.ConfigDict = config.data
+    source = corpora.data_source(corpora.prepare(data, log=log), split)
+    n = len(source) if limit <= 0 else min(limit, len(source))
+    examples = pipeline.tokenize_split(source, tokenizer, data, n)
+    references = [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+
+    _, _, _, p_eval_step = train.build(config, tokenizer.vocab_size, mesh)
+    losses = train.evaluate_loss(p_eval_step, params, examples, config, mesh, model.config.max_len)
+    length = pipeline.eval_length(examples, data, model.config.max_len - config.max_decode_extra)
+    translate = translator(model, mesh, beam_size, alpha, config.max_decode_extra)
+    hypotheses = translate_examples(
+        translate, params, examples, tokenizer, data.eval_batch_size, length, mesh, f"beam search ({split})"
+    )
+    bleu = sacrebleu.metrics.BLEU()
+    score = bleu.corpus_score(hypotheses, [references])
+
+    name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    results = {
+        "bleu": score.score,
+        "ppl": losses["ppl"],
+        "nll": losses["nll"],
+        "loss": losses["loss"],
+        "accuracy": losses["accuracy"],
+        "num_sentences": n,
+        "split": split,
+        "checkpoint_steps": steps,
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "sacrebleu": str(score),
+        "signature": str(bleu.get_signature()),
+    }
+    if jax.process_index() == 0:
+        out = workdir / "eval"
+        out.mkdir(exist_ok=True)
+        (out / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
+        (out / f"{name}.ref.txt").write_text("".join(r + "\n" for r in references))
+        (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+        results["path"] = str(out / f"{name}.json")
+    return results
+
+
+def main() -> None:
+    p = cli.parser(__doc__, config=False)
+    p.add_argument("--workdir", required=True, help="a training run directory")
+    p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
+    p.add_argument("--step", type=int, default=0, help="evaluate this checkpoint step")
+    p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
+    p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
+    p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
+    p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
+    args, _ = cli.parse(p)
+    if args.step and args.average_last:
+        raise cli.UserError("Give --step or --average_last, not both.")
+    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.beam_size, args.alpha, args.limit)
+    print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+    print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
+    print(r["sacrebleu"])
+    print(f"sacreBLEU signature: {r['signature']}")
+    print(f"BLEU {r['bleu']:.2f}; results in {r.get('path', args.workdir)}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,55 @@
+"""Translate text with a trained workdir: lines in (stdin or --input), translations out (stdout).
+
+    echo "Today the man sees the dog." | python -m fxformer.translate --workdir=runs/default
+    python -m fxformer.translate --workdir=runs/base --input=news.en --average_last=5 > news.de
+
+Progress goes to stderr, so stdout holds only the translations, one per input line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from fxformer import cli
+from fxformer.data import pipeline
+from fxformer.evaluate import restore_for_inference, translate_examples, translator
+
+
+def main() -> None:
+    p = cli.parser(__doc__, config=False)
+    p.add_argument("--workdir", required=True, help="a training run directory")
+    p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
+    p.add_argument("--step", type=int, default=0, help="use this checkpoint step")
+    p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
+    p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
+    p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
+    p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
+    args, _ = cli.parse(p)
+    if args.input == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror}.") from None
+    log = lambda *a, **k: print(*a, **k, file=sys.stderr)
+    config, model, tokenizer, params, steps, mesh = restore_for_inference(
+        args.workdir, args.step, args.average_last, log
+    )
+    log(f"translating {len(lines):,} lines with checkpoint step(s) {steps}")
+    if not lines:
+        return
+    examples = [{"inputs": tokenizer.encode(line), "targets": tokenizer.encode("")} for line in lines]
+    extra = config.max_decode_extra
+    length = pipeline.eval_length(examples, config.data, model.config.max_len - extra)
+    translate = translator(
+        model, mesh, args.beam_size or config.beam_size, config.alpha if args.alpha is None else args.alpha, extra
+    )
+    batch_size = args.batch_size or config.data.eval_batch_size
+    for line in translate_examples(translate, params, examples, tokenizer, batch_size, length, mesh, "translate"):
+        print(line)
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,300 @@
+"""Optimizer, loss and training loop: formulas, device-count invariance, exact resume, preemption."""
+
+import functools
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import small_config
+from jax.sharding import AxisType, Mesh
+
+from fxformer import optim, parallel, train
+from fxformer.data import corpora, pipeline
+from fxformer.model import Transformer, TransformerConfig
+
+# A tiny model on the small embedded corpus of conftest.small_config, as command-line overrides.
+TINY = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.d_ff": 64,
+    "model.num_heads": 2,
+    "model.d_k": 16,
+    "model.d_v": 16,
+    "model.max_len": 96,
+    "data.num_train": 3000,
+    "data.num_validation": 100,
+    "data.num_test": 100,
+    "data.vocab_size": 400,
+    "data.tokenizer_sentences": 6000,
+    "data.max_length": 32,
+    "data.tokens_per_batch": 512,
+    "data.eval_batch_size": 40,
+    "warmup_steps": 20,
+    "log_every_steps": 1,
+    "eval_every_steps": 1000,
+    "checkpoint_every_steps": 1000,
+    "checkpoint_every_minutes": 1000.0,
+}
+
+
+def train_command(workdir, data_dir, **overrides):
+    flags = {**TINY, "data.tfds_data_dir": str(data_dir), **overrides}
+    return [
+        sys.executable,
+        "-m",
+        "fxformer.train",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]
+
+
+def env_with_devices(n):
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+
+
+def run_train(workdir, data_dir, devices=1, **overrides):
+    result = subprocess.run(
+        train_command(workdir, data_dir, **overrides), env=env_with_devices(devices), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def logged(workdir, key="loss"):
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line[key] for line in lines if key in line}
+
+
+def final_params(workdir, devices=1):
+    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
+    code = (
+        "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
+        "*_, params, steps, mesh = restore_for_inference(sys.argv[1], average_last=1); "
+        "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
+        "np.savez(sys.argv[2], **flat); print(steps, len(mesh.devices.flat))"
+    )
+    out = workdir / f"params-{devices}.npz"
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(workdir), str(out)],
+        env=env_with_devices(devices),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == str(devices)
+    return dict(np.load(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulas
+
+
+@pytest.mark.parametrize("step", [1, 4000, 100_000])
+def test_schedule_is_the_papers_formula(step):
+    schedule = optim.paper_schedule(d_model=512, warmup_steps=4000)
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-6)  # optax counts from 0
+
+
+def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
+    rng = np.random.default_rng(0)
+    vocab, eps = 7, 0.1
+    logits = rng.normal(size=(2, 5, vocab)).astype(np.float32) * 3
+    targets = np.array([[4, 5, 6, 3, 0], [1, 3, 0, 0, 0]])
+    weights = (targets != 0).astype(np.float32)
+    sums = optim.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), eps)
+    loss = nll = 0.0
+    count = 0
+    for b in range(2):
+        for t in range(5):
+            if targets[b, t] == 0:
+                continue  # padding
+            log_p = logits[b, t] - np.log(np.exp(logits[b, t].astype(np.float64)).sum())
+            q = np.full(vocab, eps / (vocab - 1))
+            q[targets[b, t]] = 1 - eps
+            loss += -(q * log_p).sum()
+            nll += -log_p[targets[b, t]]
+            count += 1
+    assert float(sums["tokens"]) == count == 6
+    assert float(sums["loss"]) / count == pytest.approx(loss / count, rel=1e-5)
+    assert float(sums["nll"]) / count == pytest.approx(nll / count, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step on 8 devices, 1 device, micro-batches
+
+
+def one_step(config, batch, devices, accum=1):
+    mesh = Mesh(np.array(devices), ("data",), axis_types=(AxisType.Auto,))
+    model = Transformer(TransformerConfig.from_config(config.model, 400))
+    tx = optim.optimizer(config)
+    state = jax.jit(functools.partial(train.create_state, model, tx, 0), out_shardings=parallel.replicated(mesh))()
+    step = jax.jit(
+        functools.partial(
+            train.train_step, model=model, tx=tx, schedule=optim.learning_rate_schedule(config),
+            label_smoothing=0.1, accum=accum,
+        ),
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh), parallel.replicated(mesh)),
+    )  # fmt: skip
+    batch = {k: jax.device_put(v, parallel.sharded_rows(mesh)) for k, v in batch.items()}
+    for _ in range(3):  # several steps, so that Adam's update depends on the gradients' values
+        state, metrics = step(state, batch, jax.random.key(1))
+    return jax.device_get(state.params), jax.device_get(metrics)
+
+
+@pytest.fixture(scope="module")
+def packed_batch(corpus):
+    config, builder, tokenizer = corpus
+    source = corpora.data_source(builder, "train")
+    return next(iter(pipeline.train_dataset(source, tokenizer, config.data, 16, seed=0)[0]))
+
+
+def tiny_config(data_dir, **overrides):
+    config = small_config(data_dir)
+    for key, value in {**TINY, **overrides}.items():
+        section, _, leaf = key.rpartition(".")
+        (config[section] if section else config)[leaf] = value
+    return config
+
+
+def test_eight_devices_equal_one_device(data_dir, packed_batch):
+    assert jax.device_count() == 8
+    config = tiny_config(data_dir)  # dropout on: its masks must not depend on the sharding either
+    params8, metrics8 = one_step(config, packed_batch, jax.devices())
+    params1, metrics1 = one_step(config, packed_batch, jax.devices()[:1])
+    assert float(metrics8["tokens"]) == float(metrics1["tokens"]) > 0
+    assert float(metrics8["loss"]) == pytest.approx(float(metrics1["loss"]), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(params8), jax.tree.leaves(params1)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_micro_batches_equal_one_batch(data_dir, packed_batch):
+    config = tiny_config(data_dir, **{"model.dropout_rate": 0.0})
+    params2, metrics2 = one_step(config, packed_batch, jax.devices()[:2], accum=2)
+    params1, metrics1 = one_step(config, packed_batch, jax.devices()[:2], accum=1)
+    assert float(metrics2["loss"]) == pytest.approx(float(metrics1["loss"]), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(params2), jax.tree.leaves(params1)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command: resume, preemption, divergence, device counts, processes
+
+
+def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_train(straight, data_dir, num_train_steps=60, checkpoint_every_steps=30)
+    process = subprocess.Popen(
+        train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30),
+        env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    assert 30 <= max(logged(killed)) < 60  # killed part-way, after the step-30 checkpoint
+    result = run_train(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30)
+    assert "resumed from" in result.stdout
+    a, b = logged(straight), logged(killed)
+    assert sorted(b) == list(range(1, 61))
+    for step in range(31, 61):
+        assert f"{a[step]:.3f}" == f"{b[step]:.3f}", step
+        assert a[step] == pytest.approx(b[step], rel=1e-6)
+    pa, pb = final_params(straight), final_params(killed)
+    assert pa.keys() == pb.keys()
+    for key in pa:
+        np.testing.assert_allclose(pa[key], pb[key], rtol=1e-6, atol=1e-7)
+
+
+def test_sigterm_saves_and_exits_zero(tmp_path, data_dir, corpus):
+    workdir = tmp_path / "w"
+    process = subprocess.Popen(
+        train_command(workdir, data_dir, num_train_steps=100_000),
+        env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not (workdir / "metrics.jsonl").exists() or len(logged(workdir)) < 3:
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and saved[0] == max(logged(workdir)) >= 3
+    assert f"SIGTERM: saved step {saved[0]}" in stdout
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, corpus):
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=5)
+    good = final_params(workdir)
+    result = subprocess.run(
+        train_command(workdir, data_dir, num_train_steps=40, learning_rate_scale=1e30, checkpoint_every_steps=4),
+        env=env_with_devices(1), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "The training loss became non-finite by step" in result.stderr
+    assert "the last good checkpoint (step 5) is intact" in result.stderr
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [5]
+    after = final_params(workdir)
+    for key in good:
+        np.testing.assert_array_equal(good[key], after[key])
+
+
+@pytest.fixture(scope="session")
+def eight_device_workdir(tmp_path_factory, data_dir, corpus):
+    """A run trained on 8 fake devices, with checkpoints at steps 10 and 20 (shared with test_evaluate)."""
+    workdir = tmp_path_factory.mktemp("eight") / "w"
+    result = run_train(workdir, data_dir, devices=8, num_train_steps=20, checkpoint_every_steps=10)
+    assert "8 devices" in result.stdout
+    return workdir
+
+
+def test_checkpoint_from_eight_devices_restores_on_one_and_four(eight_device_workdir):
+    on8, on1, on4 = (final_params(eight_device_workdir, n) for n in (8, 1, 4))
+    assert on8.keys() == on1.keys() == on4.keys()
+    for key in on8:
+        np.testing.assert_array_equal(on8[key], on1[key])
+        np.testing.assert_array_equal(on8[key], on4[key])
+
+
+def test_two_processes_train_like_one_process_with_four_devices(tmp_path, data_dir, corpus):
+    common = {"num_train_steps": 8, "data.num_shards": 2}
+    single = tmp_path / "single"
+    run_train(single, data_dir, devices=4, **common)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    multi = tmp_path / "multi"
+    processes = [
+        subprocess.Popen(
+            train_command(multi, data_dir, **common)
+            + [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
+            env=env_with_devices(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=600) for p in processes]
+    for p, (_, stderr) in zip(processes, outputs):
+        assert p.returncode == 0, stderr[-3000:]
+    assert "4 devices (cpu) in 2 process(es)" in outputs[0][0]
+    a, b = logged(single), logged(multi)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5), step
+    assert math.isfinite(a[8])
