@@ -273,23 +273,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
 
             final = step == config.num_train_steps
             logged = {}
-            if step % config.log_every_steps == 0 or final:
+            evaluate_now = step % config.eval_every_steps == 0 or final
+            if step % config.log_every_steps == 0 or evaluate_now:
                 tokens["steps"] += len(pending)
                 logged = flush(step)
                 tokens["seen"] += logged["tokens"]
-            if step % config.eval_every_steps == 0 or final:
-                logged.update(flush(step) if not logged else {})
+            if evaluate_now:
                 max_len = model.config.max_len
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
             if logged:
                 writer.write(step, {k: v for k, v in logged.items() if k != "tokens"})
-            now = time.time()
-            if logged or now - last_console >= 5.0:  # a console line every few seconds, and at every log
-                shown = logged or per_token_step(pending[-1])
-                last_console = now
+            if logged or time.time() - last_console >= 5.0:  # a console line every few seconds, and at every log
+                shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
+                now = last_console = time.time()
                 tokens_per_step = tokens["seen"] / max(tokens["steps"], 1)
                 log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now))
 
+            now = time.time()
             save_due = (
                 step % config.checkpoint_every_steps == 0 or now - last_save >= 60 * config.checkpoint_every_minutes
             )

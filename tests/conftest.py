@@ -1,9 +1,13 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fxformer import cli  # noqa: E402
@@ -35,3 +39,86 @@ def corpus(data_dir):
     config = small_config(data_dir)
     builder = corpora.prepare(config.data)
     return config, builder, tokenizer_for(config.data, builder)
+
+
+# A tiny model on the small embedded corpus of conftest.small_config, as command-line overrides.
+TINY = {
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.d_ff": 64,
+    "model.num_heads": 2,
+    "model.d_k": 16,
+    "model.d_v": 16,
+    "model.max_len": 96,
+    "data.num_train": 3000,
+    "data.num_validation": 100,
+    "data.num_test": 100,
+    "data.vocab_size": 400,
+    "data.tokenizer_sentences": 6000,
+    "data.max_length": 32,
+    "data.tokens_per_batch": 512,
+    "data.eval_batch_size": 40,
+    "warmup_steps": 20,
+    "log_every_steps": 1,
+    "eval_every_steps": 1000,
+    "checkpoint_every_steps": 1000,
+    "checkpoint_every_minutes": 1000.0,
+}
+
+
+def train_command(workdir, data_dir, **overrides):
+    flags = {**TINY, "data.tfds_data_dir": str(data_dir), **overrides}
+    return [
+        sys.executable,
+        "-m",
+        "fxformer.train",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]
+
+
+def env_with_devices(n):
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+
+
+def run_train(workdir, data_dir, devices=1, **overrides):
+    result = subprocess.run(
+        train_command(workdir, data_dir, **overrides), env=env_with_devices(devices), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def logged(workdir, key="loss"):
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line[key] for line in lines if key in line}
+
+
+def final_params(workdir, devices=1):
+    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
+    code = (
+        "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
+        "*_, params, steps, mesh = restore_for_inference(sys.argv[1], average_last=1); "
+        "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
+        "np.savez(sys.argv[2], **flat); print(steps, len(mesh.devices.flat))"
+    )
+    out = workdir / f"params-{devices}.npz"
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(workdir), str(out)],
+        env=env_with_devices(devices),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == str(devices)
+    return dict(np.load(out))
+
+
+@pytest.fixture(scope="session")
+def eight_device_workdir(tmp_path_factory, data_dir, corpus):
+    """A run trained on 8 fake devices, with checkpoints at steps 10 and 20 (shared with test_evaluate)."""
+    workdir = tmp_path_factory.mktemp("eight") / "w"
+    result = run_train(workdir, data_dir, devices=8, num_train_steps=20, checkpoint_every_steps=10)
+    assert "8 devices" in result.stdout
+    return workdir

@@ -1,99 +1,23 @@
 """Optimizer, loss and training loop: formulas, device-count invariance, exact resume, preemption."""
 
 import functools
-import json
 import math
-import os
 import signal
 import socket
+import struct
 import subprocess
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import small_config
+from conftest import TINY, env_with_devices, final_params, logged, run_train, small_config, train_command
 from jax.sharding import AxisType, Mesh
 
 from fxformer import optim, parallel, train
 from fxformer.data import corpora, pipeline
 from fxformer.model import Transformer, TransformerConfig
-
-# A tiny model on the small embedded corpus of conftest.small_config, as command-line overrides.
-TINY = {
-    "model.num_layers": 1,
-    "model.d_model": 32,
-    "model.d_ff": 64,
-    "model.num_heads": 2,
-    "model.d_k": 16,
-    "model.d_v": 16,
-    "model.max_len": 96,
-    "data.num_train": 3000,
-    "data.num_validation": 100,
-    "data.num_test": 100,
-    "data.vocab_size": 400,
-    "data.tokenizer_sentences": 6000,
-    "data.max_length": 32,
-    "data.tokens_per_batch": 512,
-    "data.eval_batch_size": 40,
-    "warmup_steps": 20,
-    "log_every_steps": 1,
-    "eval_every_steps": 1000,
-    "checkpoint_every_steps": 1000,
-    "checkpoint_every_minutes": 1000.0,
-}
-
-
-def train_command(workdir, data_dir, **overrides):
-    flags = {**TINY, "data.tfds_data_dir": str(data_dir), **overrides}
-    return [
-        sys.executable,
-        "-m",
-        "fxformer.train",
-        "--config=configs/default.py",
-        f"--workdir={workdir}",
-        *(f"--config.{k}={v}" for k, v in flags.items()),
-    ]
-
-
-def env_with_devices(n):
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
-
-
-def run_train(workdir, data_dir, devices=1, **overrides):
-    result = subprocess.run(
-        train_command(workdir, data_dir, **overrides), env=env_with_devices(devices), capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def logged(workdir, key="loss"):
-    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {line["step"]: line[key] for line in lines if key in line}
-
-
-def final_params(workdir, devices=1):
-    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
-    code = (
-        "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
-        "*_, params, steps, mesh = restore_for_inference(sys.argv[1], average_last=1); "
-        "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
-        "np.savez(sys.argv[2], **flat); print(steps, len(mesh.devices.flat))"
-    )
-    out = workdir / f"params-{devices}.npz"
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(workdir), str(out)],
-        env=env_with_devices(devices),
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-1] == str(devices)
-    return dict(np.load(out))
-
 
 # ---------------------------------------------------------------------------------------------
 # Formulas
@@ -191,9 +115,38 @@ def test_micro_batches_equal_one_batch(data_dir, packed_batch):
 # The command: resume, preemption, divergence, device counts, processes
 
 
+def read_tensorboard_scalars(logdir, tag):
+    """{step: value} of `tag` from TensorBoard event files, parsed and CRC-checked by hand (TFRecord framing)."""
+    from tensorboardX.crc32c import crc32c
+    from tensorboardX.proto import event_pb2
+
+    masked = lambda data: (((crc32c(data) >> 15) | (crc32c(data) << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    values = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            header = data[offset : offset + 8]
+            (length,) = struct.unpack("<Q", header)
+            assert struct.unpack("<I", data[offset + 8 : offset + 12])[0] == masked(header)
+            record = data[offset + 12 : offset + 12 + length]
+            assert struct.unpack("<I", data[offset + 12 + length : offset + 16 + length])[0] == masked(record)
+            offset += 16 + length
+            event = event_pb2.Event()
+            event.ParseFromString(record)
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = value.simple_value
+    return values
+
+
 def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_train(straight, data_dir, num_train_steps=60, checkpoint_every_steps=30)
+    events = read_tensorboard_scalars(straight / "tensorboard", "loss")
+    assert sorted(events) == list(range(1, 61))
+    for step, value in logged(straight).items():
+        assert events[step] == pytest.approx(value, rel=1e-6)  # TensorBoard stores float32
     process = subprocess.Popen(
         train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30),
         env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -251,15 +204,6 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
     after = final_params(workdir)
     for key in good:
         np.testing.assert_array_equal(good[key], after[key])
-
-
-@pytest.fixture(scope="session")
-def eight_device_workdir(tmp_path_factory, data_dir, corpus):
-    """A run trained on 8 fake devices, with checkpoints at steps 10 and 20 (shared with test_evaluate)."""
-    workdir = tmp_path_factory.mktemp("eight") / "w"
-    result = run_train(workdir, data_dir, devices=8, num_train_steps=20, checkpoint_every_steps=10)
-    assert "8 devices" in result.stdout
-    return workdir
 
 
 def test_checkpoint_from_eight_devices_restores_on_one_and_four(eight_device_workdir):

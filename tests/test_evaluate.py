@@ -1,0 +1,93 @@
+"""Checkpoint averaging, evaluate and translate on a run trained with 8 fake devices."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import env_with_devices
+
+from fxformer import checkpoint, parallel, train
+from fxformer.data.tokenizer import Tokenizer
+
+
+def run(module, *args, devices=1, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env_with_devices(devices),
+        capture_output=True,
+        text=True,
+        input=stdin,
+    )
+
+
+def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
+    workdir = eight_device_workdir
+    config = train.load_workdir_config(workdir)
+    vocab = Tokenizer(workdir / "tokenizer.model").vocab_size
+    mesh = parallel.data_mesh()
+    _, _, abstract_state, _ = train.build(config, vocab, mesh)
+    with checkpoint.manager(workdir / "checkpoints", asynchronous=False) as mngr:
+        assert list(mngr.all_steps()) == [10, 20]
+        ten, twenty = (jax.device_get(checkpoint.restore(mngr, s, abstract_state).params) for s in (10, 20))
+        mean = jax.device_get(checkpoint.average_params(mngr, [10, 20], abstract_state))
+    assert jax.tree.structure(mean) == jax.tree.structure(ten)
+    for a, b, m in zip(jax.tree.leaves(ten), jax.tree.leaves(twenty), jax.tree.leaves(mean)):
+        assert not np.array_equal(a, b)
+        np.testing.assert_allclose(m, np.mean(np.stack([np.asarray(a), np.asarray(b)]), axis=0), rtol=1e-6, atol=1e-7)
+
+
+def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, tmp_path):
+    workdir = tmp_path / "w"
+    shutil.copytree(eight_device_workdir, workdir)
+    result = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=2", "--beam_size=2", devices=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
+    assert (workdir / "averaged" / "20").exists()  # the averaged checkpoint, saved for later use
+    written = json.loads((workdir / "eval" / "test-20-avg2.json").read_text())
+    assert written["num_sentences"] == 100 and written["checkpoint_steps"] == [10, 20]
+    assert written["ppl"] > 1 and 0 <= written["bleu"] <= 100
+    hyps = (workdir / "eval" / "test-20-avg2.hyp.txt").read_text().splitlines()
+    assert len(hyps) == 100
+    # sacreBLEU's own command on the files evaluate wrote
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(workdir / "eval" / "test-20-avg2.ref.txt"), "-i",
+         str(workdir / "eval" / "test-20-avg2.hyp.txt"), "-b", "-w", "6"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert float(cli.stdout.strip()) == pytest.approx(written["bleu"], abs=1e-6)
+    assert f"BLEU {written['bleu']:.2f}" in result.stdout
+
+
+def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
+    lines = "The dog sees the man.\nToday the woman buys a book.\n"
+    result = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=2, stdin=lines)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_missing_and_corrupt_checkpoints_are_one_sentence(eight_device_workdir, tmp_path):
+    workdir = tmp_path / "w"
+    shutil.copytree(eight_device_workdir, workdir)
+    for path in (workdir / "checkpoints" / "20" / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 1000:
+            path.write_bytes(path.read_bytes()[:100])  # truncate the array data
+    result = run("fxformer.evaluate", f"--workdir={workdir}", "--step=20")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith(f"error: Checkpoint {workdir}/checkpoints/20 is unreadable")
+    )
+    result = run("fxformer.evaluate", f"--workdir={workdir}", "--step=10", "--limit=5")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    shutil.rmtree(workdir / "checkpoints")
+    result = run("fxformer.evaluate", f"--workdir={workdir}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {workdir}/checkpoints holds no checkpoint; train first."
+    result = run("fxformer.evaluate", f"--workdir={tmp_path}/nowhere")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path}/nowhere has no config.json; is it a training workdir?"
