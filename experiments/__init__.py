@@ -1,0 +1,1 @@
+"""Experiment sweeps over configs (Table 3 rows), built on fxformer.train and fxformer.evaluate."""

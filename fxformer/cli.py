@@ -99,9 +99,10 @@ def apply_override(config: ml_collections.ConfigDict, key: str, raw: str) -> Non
         node[leaf] = _parse_value(key, raw, node[leaf])
 
 
-def parser(description: str, config: bool = True) -> argparse.ArgumentParser:
-    """An ArgumentParser that takes `--config=file[:arg]` (and `--config.key=value` overrides)."""
+def parser(description: str, module: str, config: bool = True) -> argparse.ArgumentParser:
+    """An ArgumentParser for `python -m <module>` that takes `--config=file[:arg]` and `--config.key=value`."""
     p = argparse.ArgumentParser(
+        prog=f"python -m {module}",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Override any config field with --config.<key>=<value>, e.g. --config.model.num_heads=16."

@@ -169,18 +169,29 @@ def evaluate(
     return results
 
 
-def main() -> None:
-    p = cli.parser(__doc__, config=False)
+def inference_parser(description: str, module: str):
+    """Flags shared by evaluate and translate: the workdir, which checkpoint(s), the beam."""
+    p = cli.parser(description, module, config=False)
     p.add_argument("--workdir", required=True, help="a training run directory")
-    p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
-    p.add_argument("--step", type=int, default=0, help="evaluate this checkpoint step")
+    p.add_argument("--step", type=int, default=0, help="use this checkpoint step")
     p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
     p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
-    p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
+    return p
+
+
+def parse_inference_args(p):
     args, _ = cli.parse(p)
     if args.step and args.average_last:
         raise cli.UserError("Give --step or --average_last, not both.")
+    return args
+
+
+def main() -> None:
+    p = inference_parser(__doc__, "fxformer.evaluate")
+    p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
+    p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
+    args = parse_inference_args(p)
     r = evaluate(args.workdir, args.split, args.step, args.average_last, args.beam_size, args.alpha, args.limit)
     print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
     print(f"perplexity (per wordpiece): {r['ppl']:.3f}")

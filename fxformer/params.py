@@ -48,7 +48,7 @@ def table3(vocab_size: int = PAPER_VOCAB_SIZE) -> str:
 
 
 def main() -> None:
-    p = cli.parser(__doc__)
+    p = cli.parser(__doc__, "fxformer.params")
     p.add_argument("--table3", action="store_true", help="print every Table 3 row against the paper")
     p.add_argument("--vocab_size", type=int, default=PAPER_VOCAB_SIZE, help="shared vocabulary size")
     args, config = cli.parse(p)

@@ -334,7 +334,7 @@ def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now) 
 
 
 def main() -> None:
-    p = cli.parser(__doc__)
+    p = cli.parser(__doc__, "fxformer.train")
     p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
     p.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() (TPU pods, SLURM)")
     p.add_argument("--coordinator_address", default="", help="host:port of process 0, for a manual cluster")

@@ -12,19 +12,20 @@ import sys
 
 from fxformer import cli
 from fxformer.data import pipeline
-from fxformer.evaluate import restore_for_inference, translate_examples, translator
+from fxformer.evaluate import (
+    inference_parser,
+    parse_inference_args,
+    restore_for_inference,
+    translate_examples,
+    translator,
+)
 
 
 def main() -> None:
-    p = cli.parser(__doc__, config=False)
-    p.add_argument("--workdir", required=True, help="a training run directory")
+    p = inference_parser(__doc__, "fxformer.translate")
     p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
-    p.add_argument("--step", type=int, default=0, help="use this checkpoint step")
-    p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
-    p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
-    p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
     p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
-    args, _ = cli.parse(p)
+    args = parse_inference_args(p)
     if args.input == "-":
         lines = sys.stdin.read().splitlines()
     else:

@@ -31,7 +31,7 @@ def histogram(lengths: np.ndarray) -> list[str]:
 
 
 def main() -> None:
-    p = cli.parser(__doc__)
+    p = cli.parser(__doc__, "fxformer.data")
     p.add_argument("--workdir", help="also copy the tokenizer into this run directory")
     p.add_argument("--limit", type=int, default=0, help="pairs per split to count (0 = all)")
     p.add_argument("--packing_batches", type=int, default=20, help="training batches to measure packing on")
