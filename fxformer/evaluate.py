@@ -100,6 +100,7 @@ def translate_examples(
 ) -> list[str]:
     """Detokenized best translation of every example's `inputs`, in order."""
     out = [""] * len(examples)
+    batch_size = parallel.round_to_devices(batch_size)
     batches = list(pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()))
     start = time.time()
     for i, batch in enumerate(batches):
@@ -145,6 +146,8 @@ def evaluate(
     score = bleu.corpus_score(hypotheses, [references])
 
     name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    if n < len(source):
+        name += f"-first{n}"  # a partial evaluation never overwrites the full one
     results = {
         "bleu": score.score,
         "ppl": losses["ppl"],

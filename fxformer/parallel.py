@@ -45,6 +45,12 @@ def sharded_rows(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec("data"))
 
 
+def round_to_devices(batch_size: int) -> int:
+    """The smallest multiple of the device count that is at least `batch_size` (eval batches)."""
+    n = jax.device_count()
+    return max(n, -(-batch_size // n) * n)
+
+
 def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> global arrays whose rows span all processes, in process order."""
     sharding = sharded_rows(mesh)

@@ -174,7 +174,11 @@ def evaluate_loss(
     length = pipeline.eval_length(examples, config.data, max_len)
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     batches = pipeline.eval_batches(
-        examples, config.data.eval_batch_size, length, jax.process_index(), jax.process_count()
+        examples,
+        parallel.round_to_devices(config.data.eval_batch_size),
+        length,
+        jax.process_index(),
+        jax.process_count(),
     )
     for batch in batches:
         batch.pop("index")
