@@ -22,12 +22,14 @@ def decoding_model(config: TransformerConfig) -> Transformer:
     return Transformer(dataclasses.replace(config, decode=True, dropout_rate=0.0))
 
 
-def init_cache(config: TransformerConfig, batch_size: int, max_len: int) -> dict:
-    """An empty key/value cache for `batch_size` rows of up to `max_len` target positions."""
-    model = decoding_model(config)
-    tokens = jnp.ones((batch_size, max_len), jnp.int32)
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens[:, :1], tokens))
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+def init_cache(config: TransformerConfig, params, encoded: Array, inputs_segmentation: Array, max_len: int) -> dict:
+    """The decoding cache of a batch: empty self-attention slots for `max_len` target positions,
+    and every layer's encoder-decoder keys and values, projected once from `encoded`."""
+    tokens = jnp.full((encoded.shape[0], max_len), BOS_ID, jnp.int32)
+    _, variables = decoding_model(config).apply(
+        {"params": params}, encoded, inputs_segmentation, tokens, method=Transformer.decode, mutable=["cache"]
+    )
+    return variables["cache"]
 
 
 def decode_step(
@@ -55,13 +57,15 @@ def length_penalty(length: Array, alpha: float) -> Array:
 
 
 def _start(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int):
-    """Encode once; repeat encoder output `copies` times per example; per-example length limits."""
+    """Encode once; repeat the encoder output `copies` times per example; the decoding cache;
+    per-example length limits."""
     model = decoding_model(config)
     segmentation = (inputs != PAD_ID).astype(jnp.int32)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
-    repeat = lambda x: jnp.repeat(x, copies, axis=0)
-    limit = segmentation.sum(-1) + max_extra  # maximum output length = input length + 50
-    return repeat(encoded), repeat(segmentation), limit, inputs.shape[1] + max_extra
+    encoded, segmentation = jnp.repeat(encoded, copies, axis=0), jnp.repeat(segmentation, copies, axis=0)
+    max_len = inputs.shape[1] + max_extra
+    limit = (inputs != PAD_ID).sum(-1) + max_extra  # maximum output length = input length + 50
+    return encoded, segmentation, limit, max_len, init_cache(config, params, encoded, segmentation, max_len)
 
 
 def _next_log_probs(config, params, cache, encoded, segmentation, tokens):
@@ -74,7 +78,7 @@ def _next_log_probs(config, params, cache, encoded, segmentation, tokens):
 def greedy_search(config: TransformerConfig, params, inputs: Array, max_extra: int = 50) -> tuple[Array, Array]:
     """The most probable next token at every step: (outputs [b, max_len], summed log-probabilities [b])."""
     b = inputs.shape[0]
-    encoded, segmentation, limit, max_len = _start(config, params, inputs, 1, max_extra)
+    encoded, segmentation, limit, max_len, cache = _start(config, params, inputs, 1, max_extra)
 
     def cond(s):
         return (s["t"] < max_len) & ~s["done"].all()
@@ -93,7 +97,7 @@ def greedy_search(config: TransformerConfig, params, inputs: Array, max_extra: i
         "outputs": jnp.full((b, max_len), PAD_ID, jnp.int32),
         "logp": jnp.zeros((b,), jnp.float32),
         "done": jnp.zeros((b,), bool),
-        "cache": init_cache(config, b, max_len),
+        "cache": cache,
     }
     state = jax.lax.while_loop(cond, body, state)
     return state["outputs"], state["logp"]
@@ -124,7 +128,7 @@ def beam_search(
     ones: a live log-probability only falls, and its penalty is largest at the maximum length.
     """
     b, k = inputs.shape[0], beam_size
-    encoded, segmentation, limit, max_len = _start(config, params, inputs, k, max_extra)
+    encoded, segmentation, limit, max_len, cache = _start(config, params, inputs, k, max_extra)
     best_possible = lambda live_logp: live_logp.max(-1) / length_penalty(limit, alpha)
 
     def cond(s):
@@ -167,7 +171,7 @@ def beam_search(
         "live_logp": jnp.full((b, k), -jnp.inf).at[:, 0].set(0.0),  # one live start, no duplicates
         "finished_seqs": seqs,
         "finished_scores": jnp.full((b, k), -jnp.inf),
-        "cache": init_cache(config, b * k, max_len),
+        "cache": cache,
     }
     state = jax.lax.while_loop(cond, body, state)
     return state["finished_seqs"][:, :, 1:], state["finished_scores"]

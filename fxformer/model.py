@@ -176,12 +176,14 @@ def dot_product_attention(
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    With `config.decode` (decoder self-attention only) each call takes one position and
-    appends its key and value to a cache sized by the `init` call's length.
+    With `config.decode`, `cache` says what the decoder keeps between calls: "steps" (its
+    self-attention) appends each position's key and value to a cache sized by the first call's
+    length; "memory" (encoder-decoder attention) projects the encoder output once, on the first
+    call, and reuses it.
     """
 
     config: TransformerConfig
-    cached: bool = False  # self-attention of a decoder: cache keys and values when decoding
+    cache: str = ""  # "", "steps" or "memory": see above; only used when config.decode
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array, deterministic: bool) -> Array:
@@ -191,11 +193,22 @@ class MultiHeadAttention(nn.Module):
             features, use_bias=c.attention_bias, kernel_init=xavier_uniform, dtype=c.dtype, name=name
         )
         query = dense(c.num_heads * c.d_k, "query")(inputs_q).reshape(b, q_len, c.num_heads, c.d_k)
-        key = dense(c.num_heads * c.d_k, "key")(inputs_kv)
-        value = dense(c.num_heads * c.d_v, "value")(inputs_kv)
-        key = key.reshape(b, -1, c.num_heads, c.d_k)  # [b, k, h, d_k]
-        value = value.reshape(b, -1, c.num_heads, c.d_v)  # [b, k, h, d_v]
-        if self.cached and c.decode:
+
+        def project_kv():
+            key = dense(c.num_heads * c.d_k, "key")(inputs_kv).reshape(b, -1, c.num_heads, c.d_k)  # [b, k, h, d_k]
+            value = dense(c.num_heads * c.d_v, "value")(inputs_kv).reshape(b, -1, c.num_heads, c.d_v)
+            return key, value  # value [b, k, h, d_v]
+
+        if c.decode and self.cache == "memory":
+            if self.has_variable("cache", "memory_key"):
+                key, value = self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
+            else:
+                key, value = project_kv()
+                self.put_variable("cache", "memory_key", key)
+                self.put_variable("cache", "memory_value", value)
+        else:
+            key, value = project_kv()
+        if c.decode and self.cache == "steps":
             key, value, mask = self._extend_cache(key, value, mask)
         dropout = nn.Dropout(c.attention_dropout_rate)
         heads = dot_product_attention(query, key, value, mask, lambda w: dropout(w, deterministic))
@@ -270,9 +283,9 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, encoded: Array, self_mask: Array, cross_mask: Array, deterministic: bool) -> Array:
         c = self.config
-        attend = MultiHeadAttention(c, cached=True, name="self_attention")
+        attend = MultiHeadAttention(c, cache="steps", name="self_attention")
         x = residual(c, x, lambda y: attend(y, y, self_mask, deterministic), "self_attention", deterministic)
-        cross = MultiHeadAttention(c, name="cross_attention")
+        cross = MultiHeadAttention(c, cache="memory", name="cross_attention")
         x = residual(c, x, lambda y: cross(y, encoded, cross_mask, deterministic), "cross_attention", deterministic)
         ffn = FeedForward(c, name="feed_forward")
         return residual(c, x, lambda y: ffn(y, deterministic), "feed_forward", deterministic)

@@ -132,7 +132,7 @@ def test_cached_decoding_equals_full_forward(variant):
     model = Transformer(config)
     encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
     segmentation = (inputs != 0).astype(jnp.int32)
-    cache = decode.init_cache(config, batch_size=2, max_len=targets.shape[1])
+    cache = decode.init_cache(config, params, encoded, segmentation, max_len=targets.shape[1])
     previous = jnp.full((2,), 2)  # BOS
     for t in range(targets.shape[1]):
         step_logits, cache = decode.decode_step(config, params, cache, encoded, segmentation, previous)
