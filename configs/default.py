@@ -11,8 +11,10 @@ import ml_collections
 from configs import base, with_overrides
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The base recipe, shrunk to the embedded corpus."""
+    if arg:
+        raise ValueError(f"configs/default.py takes no argument, not '{arg}'.")
     return with_overrides(
         base.get_config(),
         {

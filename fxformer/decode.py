@@ -103,21 +103,31 @@ def greedy_search(config: TransformerConfig, params, inputs: Array, max_extra: i
     return state["outputs"], state["logp"]
 
 
-def _gather_beams(tree, parents: Array, batch: int, beam: int):
-    """Reorder every per-row array of `tree` ([batch * beam, ...]) by `parents` [batch, beam]."""
+def _gather_beams(cache: dict, parents: Array, batch: int, beam: int) -> dict:
+    """Reorder the per-row self-attention cache ([batch * beam, ...]) by `parents` [batch, beam].
 
-    def gather(x):
-        if x.ndim == 0:
-            return x  # cache indices are shared by all rows
+    Scalar indices are shared by all rows, and the encoder-side `memory_*` keys and values are
+    the same for every beam of an example: both stay as they are.
+    """
+
+    def gather(path, x):
+        if x.ndim == 0 or "memory" in jax.tree_util.keystr(path):
+            return x
         x = x.reshape(batch, -1, *x.shape[1:])
         x = jnp.take_along_axis(x, parents.reshape(batch, beam, *([1] * (x.ndim - 2))), axis=1)
         return x.reshape(batch * beam, *x.shape[2:])
 
-    return jax.tree.map(gather, tree)
+    return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def beam_search(
-    config: TransformerConfig, params, inputs: Array, beam_size: int = 4, alpha: float = 0.6, max_extra: int = 50
+    config: TransformerConfig,
+    params,
+    inputs: Array,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_extra: int = 50,
+    early_stop: bool = True,
 ) -> tuple[Array, Array]:
     """Beam search with GNMT length penalty: (outputs [b, beam, max_len], scores [b, beam]), best first.
 
@@ -126,6 +136,7 @@ def beam_search(
     score log-probability / lp(|Y|) and leaves the beam for that step; with beam 1 this is greedy
     search. The search stops early once no live hypothesis can beat the `beam_size` finished
     ones: a live log-probability only falls, and its penalty is largest at the maximum length.
+    `early_stop=False` runs to the maximum length instead (same result, for checking).
     """
     b, k = inputs.shape[0], beam_size
     encoded, segmentation, limit, max_len, cache = _start(config, params, inputs, k, max_extra)
@@ -134,7 +145,7 @@ def beam_search(
     def cond(s):
         worst_finished = s["finished_scores"][:, -1]
         done = worst_finished >= best_possible(s["live_logp"])  # -inf >= -inf: no live hypothesis left
-        return (s["t"] < max_len) & ~done.all()
+        return (s["t"] < max_len) & ~(early_stop & done.all())
 
     def body(s):
         t = s["t"]

@@ -14,7 +14,9 @@ import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -26,6 +28,7 @@ from fxformer import checkpoint, cli, decode, parallel, train
 from fxformer.data import corpora, pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.metrics import duration
+from fxformer.model import Transformer
 
 
 def progress(done: int, total: int, start: float, what: str) -> None:
@@ -36,11 +39,23 @@ def progress(done: int, total: int, start: float, what: str) -> None:
     print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
 
 
-def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, log=print):
-    """(config, model, tokenizer, params, checkpoint steps, mesh) of a training workdir.
+class Restored(NamedTuple):
+    """A training workdir, ready for inference."""
+
+    config: ml_collections.ConfigDict
+    model: Transformer
+    tokenizer: Tokenizer
+    params: dict
+    steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
+    mesh: jax.sharding.Mesh
+    eval_step: Callable  # jitted (params, batch) -> summed loss / nll / accuracy / tokens
+
+
+def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, log=print) -> Restored:
+    """A workdir's config, model, tokenizer and parameters, on the devices at hand.
 
     `step` picks one checkpoint; `average_last` > 1 averages the last k (saved once under
-    `W/averaged/<last step>` and reused); neither: the config's `average_last`.
+    `W/averaged/last<k>/<last step>` and reused); neither: the config's `average_last`.
     """
     workdir = Path(workdir)
     config = train.load_workdir_config(workdir)
@@ -48,7 +63,7 @@ def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, l
         raise cli.UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
     tokenizer = Tokenizer(workdir / "tokenizer.model")
     mesh = parallel.data_mesh()
-    model, _, abstract_state, _ = train.build(config, tokenizer.vocab_size, mesh)
+    model, _, abstract_state, eval_step = train.build(config, tokenizer.vocab_size, mesh)
     directory = workdir / "checkpoints"
     steps = []
     if directory.exists():
@@ -61,23 +76,27 @@ def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, l
             raise cli.UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
         chosen = [step]
     else:
-        chosen = steps[-(average_last or config.average_last) :]
+        k = average_last or config.average_last
+        chosen = steps[-k:]
+        if len(chosen) < k:
+            log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
     with checkpoint.manager(directory, asynchronous=False) as mngr:
         if len(chosen) == 1:
             params = checkpoint.restore(mngr, chosen[0], abstract_state).params
         else:
             params = averaged(workdir, mngr, chosen, abstract_state, log)
-    return config, model, tokenizer, params, chosen, mesh
+    return Restored(config, model, tokenizer, params, chosen, mesh, eval_step)
 
 
 def averaged(workdir: Path, mngr, steps: list[int], abstract_state, log=print):
-    """The mean parameters of `steps`, from `W/averaged/<last step>` if written before, else computed and saved."""
-    directory = workdir / "averaged"
+    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if written before, else computed there."""
+    directory = workdir / "averaged" / f"last{len(steps)}"
     with checkpoint.manager(directory, asynchronous=False) as avg:
         if steps[-1] in avg.all_steps():
             params, meta = checkpoint.restore_params(directory, steps[-1], abstract_state.params)
             if meta["checkpoint_steps"] == steps:
                 return params
+            avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed): redo
     log(f"averaging the parameters of steps {steps}")
     params = checkpoint.average_params(mngr, steps, abstract_state)
     checkpoint.save_params(directory, steps[-1], params, {"checkpoint_steps": steps})
@@ -126,7 +145,7 @@ def evaluate(
 ) -> dict:
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
     workdir = Path(workdir)
-    config, model, tokenizer, params, steps, mesh = restore_for_inference(workdir, step, average_last, log)
+    config, model, tokenizer, params, steps, mesh, eval_step = restore_for_inference(workdir, step, average_last, log)
     beam_size = beam_size or config.beam_size
     alpha = config.alpha if alpha is None else alpha
     data: ml_collections.ConfigDict = config.data
@@ -135,9 +154,8 @@ def evaluate(
     examples = pipeline.tokenize_split(source, tokenizer, data, n)
     references = [source[i][data.target_lang].decode("utf-8") for i in range(n)]
 
-    _, _, _, p_eval_step = train.build(config, tokenizer.vocab_size, mesh)
-    losses = train.evaluate_loss(p_eval_step, params, examples, config, mesh, model.config.max_len)
-    length = pipeline.eval_length(examples, data, model.config.max_len - config.max_decode_extra)
+    losses = train.evaluate_loss(eval_step, params, examples, config, mesh, model.config.max_len)
+    length = source_length(examples, model, config.max_decode_extra, log)
     translate = translator(model, mesh, beam_size, alpha, config.max_decode_extra)
     hypotheses = translate_examples(
         translate, params, examples, tokenizer, data.eval_batch_size, length, mesh, f"beam search ({split})"
@@ -187,7 +205,20 @@ def parse_inference_args(p):
     args, _ = cli.parse(p)
     if args.step and args.average_last:
         raise cli.UserError("Give --step or --average_last, not both.")
+    if args.beam_size < 0 or (args.alpha is not None and args.alpha < 0):
+        raise cli.UserError("--beam_size must be at least 1 and --alpha at least 0.")
     return args
+
+
+def source_length(examples: list[dict], model, max_decode_extra: int, log=print) -> int:
+    """Padded source length for beam search, leaving room for input + max_decode_extra output positions."""
+    limit = model.config.max_len - max_decode_extra
+    longer = sum(len(e["inputs"]) > limit for e in examples)
+    if longer:
+        log(
+            f"warning: {longer} of {len(examples)} sources are cut to {limit} tokens (model.max_len - max_decode_extra)"
+        )
+    return pipeline.eval_length(examples, limit)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ class MetricWriter:
         if not enabled:
             return
         if self.path.exists():  # a resumed run rewrites what came after its checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.tensorboard = SummaryWriter(logdir=str(Path(workdir) / "tensorboard"), purge_step=resume_step + 1)
 
@@ -34,6 +34,14 @@ class MetricWriter:
     def close(self) -> None:
         if self.enabled:
             self.tensorboard.close()
+
+
+def _step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
 
 
 def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fxformer.cli import UserError
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -48,19 +49,29 @@ class TransformerConfig:
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
+        """Refuse settings the model cannot be built with, in one sentence each."""
+        sizes = {f: getattr(self, f) for f in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "max_len")}
+        rates = {f: getattr(self, f) for f in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")}
+        problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]
+        problems += [f"model.{f} must be in [0, 1), not {v}" for f, v in rates.items() if not 0 <= v < 1]
         if self.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"model.positional must be 'sinusoidal' or 'learned', not {self.positional!r}.")
+            problems.append(f"model.positional must be 'sinusoidal' or 'learned', not {self.positional!r}")
         if self.norm not in ("post", "pre"):
-            raise ValueError(f"model.norm must be 'post' or 'pre', not {self.norm!r}.")
+            problems.append(f"model.norm must be 'post' or 'pre', not {self.norm!r}")
         if self.d_model % 2:
-            raise ValueError(f"model.d_model must be even for sinusoidal positions, not {self.d_model}.")
+            problems.append(f"model.d_model must be even (sinusoids come in sin/cos pairs), not {self.d_model}")
+        if problems:
+            raise UserError(problems[0] + ".")
 
     @classmethod
     def from_config(cls, model_config, vocab_size: int, **overrides) -> TransformerConfig:
         """Build from the `model` section of an ml_collections experiment config."""
         fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "decode"}
         kwargs = {name: model_config[name] for name in fields if name in model_config}
-        kwargs["dtype"] = jnp.dtype(model_config.get("dtype", "float32"))
+        dtype = model_config.get("dtype", "float32")
+        if dtype not in ("float32", "bfloat16"):
+            raise UserError(f"model.dtype must be 'float32' or 'bfloat16', not {dtype!r}.")
+        kwargs["dtype"] = jnp.dtype(dtype)
         return cls(vocab_size=vocab_size, **{**kwargs, **overrides})
 
 

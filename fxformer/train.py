@@ -21,7 +21,9 @@ import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, cli, optim, parallel
 from fxformer.data import corpora, pipeline, tokenizer_for
@@ -115,6 +117,30 @@ def eval_step(params, batch: dict, *, model, label_smoothing: float) -> dict[str
 # Setup shared with evaluation
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Refuse, in one sentence, values the loop or the pipeline cannot run with."""
+    at_least = {
+        "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
+        "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
+        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0,
+        "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
+        "data.vocab_size": 8, "data.tokenizer_sentences": 1,
+    }  # fmt: skip
+    for key, low in at_least.items():
+        section, _, leaf = key.rpartition(".")
+        value = (config[section] if section else config)[leaf]
+        if value < low:
+            raise cli.UserError(f"{key} must be at least {low}, not {value}.")
+    if not 0 <= config.label_smoothing < 1:
+        raise cli.UserError(f"label_smoothing must be in [0, 1), not {config.label_smoothing}.")
+    if config.data.overlong not in ("drop", "truncate"):
+        raise cli.UserError(f"data.overlong must be 'drop' or 'truncate', not {config.data.overlong!r}.")
+    if config.model.max_len < config.data.max_length:
+        raise cli.UserError(
+            f"model.max_len ({config.model.max_len}) must cover data.max_length ({config.data.max_length})."
+        )
+
+
 def load_workdir_config(workdir: Path) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir."""
     path = Path(workdir) / "config.json"
@@ -137,7 +163,9 @@ def write_workdir_config(config: ml_collections.ConfigDict, workdir: Path) -> No
             )
     if jax.process_index() == 0:
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        path.write_text(config.to_json(indent=2))
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(config.to_json(indent=2))
+        tmp.replace(path)  # atomic: other processes read either the old file or the new one
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: Path, log=print):
@@ -146,8 +174,6 @@ def prepare_data(config: ml_collections.ConfigDict, workdir: Path, log=print):
         builder = corpora.prepare(config.data, log=log)
         tokenizer_for(config.data, builder, workdir, log=log)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("fxformer: data prepared")
     builder = corpora.prepare(config.data, log=log)
     return builder, tokenizer_for(config.data, builder, workdir, log=log)
@@ -171,7 +197,7 @@ def evaluate_loss(
     p_eval_step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = ""
 ) -> dict[str, float]:
     """Per-token loss, NLL, perplexity and accuracy over `examples`, each counted once."""
-    length = pipeline.eval_length(examples, config.data, max_len)
+    length = pipeline.eval_length(examples, max_len)
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     batches = pipeline.eval_batches(
         examples,
@@ -199,6 +225,7 @@ class Diverged(cli.UserError):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=print) -> TrainState:
     """Train `config` in `workdir` until `num_train_steps`, resuming from its latest checkpoint."""
     workdir = Path(workdir)
+    check_config(config)
     write_workdir_config(config, workdir)
     mesh = parallel.data_mesh()
     builder, tokenizer = prepare_data(config, workdir, log)
@@ -246,19 +273,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
     pending: list[dict] = []  # device metrics of steps not yet logged
 
     def flush(step: int) -> dict[str, float]:
-        """Fetch pending metrics; stop the run if any loss is not finite."""
+        """Fetch pending metrics. A non-finite loss at step F means the parameters after step
+        F - 1 are bad: their checkpoints (and later ones) are removed, and the run stops."""
         fetched = jax.device_get(pending)
         pending.clear()
-        if not fetched:
-            return {}
-        if not all(math.isfinite(float(m["loss"])) for m in fetched):
+        bad = [i for i, m in enumerate(fetched) if not math.isfinite(float(m["loss"]))]
+        if bad:
+            first_bad = step - len(fetched) + 1 + bad[0]
+            mngr.wait_until_finished()
+            for saved in mngr.all_steps():
+                if saved >= first_bad - 1:
+                    mngr.delete(saved)
             last_good = mngr.latest_step()
+            kept = f"the last good checkpoint (step {last_good}) is intact" if last_good else "no checkpoint was kept"
             raise Diverged(
-                f"The training loss became non-finite by step {step}; the last good checkpoint "
-                f"(step {last_good}) is intact: lower learning_rate_scale or raise warmup_steps and resume."
+                f"The training loss became non-finite at step {first_bad}; {kept}: "
+                "lower learning_rate_scale or raise warmup_steps and resume."
             )
         sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}
         return {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
+
+    def agree(step: int, time_due: bool) -> tuple[bool, bool]:
+        """(save for time, stop for SIGTERM), the same on every process: several processes compare
+        their flags at log steps only (a collective), so they always save and stop together."""
+        flags = np.array([time_due, stop["signal"] is not None])
+        if jax.process_count() > 1:
+            if step % config.log_every_steps:
+                return False, False
+            flags = multihost_utils.process_allgather(flags).reshape(-1, 2).any(axis=0)
+        return bool(flags[0]), bool(flags[1])
 
     step = start_step
     last_save = last_console = time.time()
@@ -276,9 +319,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
                 timer_start, timer_step = time.time(), step
 
             final = step == config.num_train_steps
-            logged = {}
+            minutes = config.checkpoint_every_minutes
+            time_due, stopping = agree(step, 0 < minutes <= (time.time() - last_save) / 60)
+            save_now = step % config.checkpoint_every_steps == 0 or final or time_due or stopping
             evaluate_now = step % config.eval_every_steps == 0 or final
-            if step % config.log_every_steps == 0 or evaluate_now:
+            logged = {}
+            if step % config.log_every_steps == 0 or evaluate_now or save_now:  # never save unchecked losses
                 tokens["steps"] += len(pending)
                 logged = flush(step)
                 tokens["seen"] += logged["tokens"]
@@ -292,16 +338,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
                 now = last_console = time.time()
                 tokens_per_step = tokens["seen"] / max(tokens["steps"], 1)
                 log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now))
-
-            now = time.time()
-            save_due = (
-                step % config.checkpoint_every_steps == 0 or now - last_save >= 60 * config.checkpoint_every_minutes
-            )
-            if save_due or final or stop["signal"]:
-                flush(step)  # never save parameters that came from a non-finite loss
+            if save_now:
                 checkpoint.save(mngr, step, state, data_iterator)
-                last_save = now
-            if stop["signal"]:
+                last_save = time.time()
+            if stopping:
                 log(f"SIGTERM: saved step {step} to {workdir / 'checkpoints'}; exiting")
                 break
     finally:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 
 from fxformer import cli
-from fxformer.data import pipeline
 from fxformer.evaluate import (
     inference_parser,
     parse_inference_args,
     restore_for_inference,
+    source_length,
     translate_examples,
     translator,
 )
@@ -35,7 +35,7 @@ def main() -> None:
         except OSError as e:
             raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror}.") from None
     log = lambda *a, **k: print(*a, **k, file=sys.stderr)
-    config, model, tokenizer, params, steps, mesh = restore_for_inference(
+    config, model, tokenizer, params, steps, mesh, _ = restore_for_inference(
         args.workdir, args.step, args.average_last, log
     )
     log(f"translating {len(lines):,} lines with checkpoint step(s) {steps}")
@@ -43,7 +43,7 @@ def main() -> None:
         return
     examples = [{"inputs": tokenizer.encode(line), "targets": tokenizer.encode("")} for line in lines]
     extra = config.max_decode_extra
-    length = pipeline.eval_length(examples, config.data, model.config.max_len - extra)
+    length = source_length(examples, model, extra, log)
     translate = translator(
         model, mesh, args.beam_size or config.beam_size, config.alpha if args.alpha is None else args.alpha, extra
     )

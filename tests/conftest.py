@@ -13,17 +13,22 @@ import pytest  # noqa: E402
 from fxformer import cli  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
 
+# The small embedded corpus every test shares (built once per session): data fields.
+SMALL_DATA = {
+    "num_train": 3000,
+    "num_validation": 100,
+    "num_test": 100,
+    "vocab_size": 400,
+    "tokenizer_sentences": 6000,
+    "max_length": 32,
+    "tokens_per_batch": 256,
+}
+
 
 def small_config(data_dir, **data_overrides):
-    """configs/default.py shrunk for tests, reading and writing TFDS data under `data_dir`."""
+    """configs/default.py on the small corpus, reading and writing TFDS data under `data_dir`."""
     config = cli.load_config("configs/default.py")
-    config.data.tfds_data_dir = str(data_dir)
-    config.data.num_train, config.data.num_validation, config.data.num_test = 3000, 100, 100
-    config.data.vocab_size = 400
-    config.data.tokenizer_sentences = 6000
-    config.data.max_length = 32
-    config.data.tokens_per_batch = 256
-    for key, value in data_overrides.items():
+    for key, value in {**SMALL_DATA, "tfds_data_dir": str(data_dir), **data_overrides}.items():
         config.data[key] = value
     return config
 
@@ -41,7 +46,7 @@ def corpus(data_dir):
     return config, builder, tokenizer_for(config.data, builder)
 
 
-# A tiny model on the small embedded corpus of conftest.small_config, as command-line overrides.
+# A tiny model on the small corpus, as command-line overrides of configs/default.py.
 TINY = {
     "model.num_layers": 1,
     "model.d_model": 32,
@@ -50,12 +55,7 @@ TINY = {
     "model.d_k": 16,
     "model.d_v": 16,
     "model.max_len": 96,
-    "data.num_train": 3000,
-    "data.num_validation": 100,
-    "data.num_test": 100,
-    "data.vocab_size": 400,
-    "data.tokenizer_sentences": 6000,
-    "data.max_length": 32,
+    **{f"data.{key}": value for key, value in SMALL_DATA.items()},
     "data.tokens_per_batch": 512,
     "data.eval_batch_size": 40,
     "warmup_steps": 20,
@@ -99,9 +99,9 @@ def final_params(workdir, devices=1):
     """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
     code = (
         "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
-        "*_, params, steps, mesh = restore_for_inference(sys.argv[1], average_last=1); "
+        "r = restore_for_inference(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
         "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
-        "np.savez(sys.argv[2], **flat); print(steps, len(mesh.devices.flat))"
+        "np.savez(sys.argv[2], **flat); print(r.steps, len(mesh.devices.flat))"
     )
     out = workdir / f"params-{devices}.npz"
     result = subprocess.run(

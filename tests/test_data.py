@@ -89,7 +89,7 @@ def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus):
 def test_eval_batches_cover_every_example_exactly_once(corpus, process_count):
     config, builder, tokenizer = corpus
     examples = pipeline.tokenize_split(corpora.data_source(builder, "test"), tokenizer, config.data)
-    length = pipeline.eval_length(examples, config.data, limit=64)
+    length = pipeline.eval_length(examples, limit=64)
     seen = Counter()
     num_batches = []
     for p in range(process_count):

@@ -107,3 +107,18 @@ def test_greedy_is_the_argmax_of_the_full_forward_pass():
     logits = np.asarray(logits[0]).copy()
     logits[:, [PAD_ID, BOS_ID]] = -np.inf
     assert list(logits.argmax(-1)) == y
+
+
+# Cases where a hypothesis that finishes late beats `beam_size` earlier finished ones (found by
+# searching seeds): stopping as soon as the beam has finished hypotheses, or bounding a live
+# hypothesis without its length penalty, returns something else here.
+@pytest.mark.parametrize("seed, scale, alpha", [(3, 0.5, 2.0), (3, 1.0, 2.0), (9, 1.0, 2.0), (0, 1.0, 0.6)])
+def test_early_stopping_changes_nothing(seed, scale, alpha):
+    """Stopping once no live hypothesis can win must give what searching to the end gives."""
+    config = dataclasses.replace(TINY, vocab_size=12)
+    inputs = jnp.array([[4, 5, 6, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID], [8, 9, 10, 11]])
+    params = jax.tree.map(lambda x: x / 3 * scale, tiny_params(seed, config))
+    early = decode.beam_search(config, params, inputs, beam_size=4, alpha=alpha, max_extra=8)
+    full = decode.beam_search(config, params, inputs, beam_size=4, alpha=alpha, max_extra=8, early_stop=False)
+    np.testing.assert_array_equal(np.asarray(early[0]), np.asarray(full[0]))
+    np.testing.assert_allclose(np.asarray(early[1]), np.asarray(full[1]), atol=1e-6)

@@ -11,6 +11,7 @@ import pytest
 from conftest import env_with_devices
 
 from fxformer import checkpoint, parallel, train
+from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer
 
 
@@ -40,18 +41,22 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
         np.testing.assert_allclose(m, np.mean(np.stack([np.asarray(a), np.asarray(b)]), axis=0), rtol=1e-6, atol=1e-7)
 
 
-def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, tmp_path):
+def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, corpus, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
     result = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=2", "--beam_size=2", devices=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
-    assert (workdir / "averaged" / "20").exists()  # the averaged checkpoint, saved for later use
+    assert (workdir / "averaged" / "last2" / "20").exists()  # the averaged checkpoint, saved for later use
     written = json.loads((workdir / "eval" / "test-20-avg2.json").read_text())
     assert written["num_sentences"] == 100 and written["checkpoint_steps"] == [10, 20]
     assert written["ppl"] > 1 and 0 <= written["bleu"] <= 100
     hyps = (workdir / "eval" / "test-20-avg2.hyp.txt").read_text().splitlines()
     assert len(hyps) == 100
+    _, builder, _ = corpus
+    test = corpora.data_source(builder, "test")  # the references are the raw German sentences, in order
+    raw = [test[i]["de"].decode("utf-8") for i in range(len(test))]
+    assert (workdir / "eval" / "test-20-avg2.ref.txt").read_text().splitlines() == raw
     # sacreBLEU's own command on the files evaluate wrote
     cli = subprocess.run(
         [sys.executable, "-m", "sacrebleu", str(workdir / "eval" / "test-20-avg2.ref.txt"), "-i",
@@ -61,6 +66,10 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     assert cli.returncode == 0, cli.stderr
     assert float(cli.stdout.strip()) == pytest.approx(written["bleu"], abs=1e-6)
     assert f"BLEU {written['bleu']:.2f}" in result.stdout
+    again = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=1", "--limit=3", devices=1)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (workdir / "eval" / "test-20-first3.json").exists()  # a partial run keeps its own file
+    assert json.loads((workdir / "eval" / "test-20-avg2.json").read_text()) == written
 
 
 def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):

@@ -182,8 +182,8 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
             ) from None
     if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
         raise UserError(
-            f"{builder.data_dir} holds {builder.info.file_format.value} files; fxformer reads array_record "
-            "(prepare it again with file_format='array_record', README 'WMT 2014')."
+            f"{builder.data_dir} holds {builder.info.file_format.value} files, but fxformer reads array_record: "
+            "delete that directory or set data.tfds_data_dir to another, and prepare again (README, 'WMT 2014')."
         )
     return builder
 
@@ -194,4 +194,7 @@ def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
 
 def data_source(builder: tfds.core.DatasetBuilder, split: str):
     """Random access to the {language: bytes} records of a split."""
+    splits = list(builder.info.splits)
+    if splits and split not in splits:
+        raise UserError(f"{builder.name} has no split '{split}'; it has {', '.join(splits)}.")
     return builder.as_data_source(split=split)

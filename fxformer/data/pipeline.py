@@ -141,7 +141,7 @@ def train_dataset(
     return grain.experimental.ZipIterDataset(packed).map(concat), length_filter
 
 
-def eval_length(examples: list[dict], data: ml_collections.ConfigDict, limit: int) -> int:
+def eval_length(examples: list[dict], limit: int) -> int:
     """Padded length of eval batches: the longest example rounded up to 8, at most `limit`."""
     longest = max((max(len(e["inputs"]), len(e["targets"])) for e in examples), default=1)
     return min(limit, 8 * math.ceil(longest / 8))
