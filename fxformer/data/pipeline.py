@@ -19,6 +19,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from fxformer.cli import UserError
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.tokens import EOS_ID, PAD_ID
 
@@ -28,7 +29,7 @@ class LengthFilter:
 
     def __init__(self, max_length: int, overlong: str):
         if overlong not in ("drop", "truncate"):
-            raise ValueError(f"data.overlong must be 'drop' or 'truncate', not {overlong!r}.")
+            raise UserError(f"data.overlong must be 'drop' or 'truncate', not {overlong!r}.")
         self.max_length, self.overlong = max_length, overlong
         self.seen = self.overlong_pairs = 0
         self._lock = threading.Lock()
@@ -124,7 +125,7 @@ def train_dataset(
     """
     num_shards = data.num_shards or process_count
     if num_shards % process_count or rows % num_shards:
-        raise ValueError(
+        raise UserError(
             f"data.num_shards={num_shards} must be a multiple of the {process_count} processes "
             f"and divide the {rows} rows per step."
         )
@@ -168,7 +169,7 @@ def eval_batches(
     Longer examples are truncated to `length` (ending in EOS).
     """
     if batch_size % process_count:
-        raise ValueError(f"eval batch size {batch_size} does not split over {process_count} processes.")
+        raise UserError(f"eval batch size {batch_size} does not split over {process_count} processes.")
     local = batch_size // process_count
     for start in range(0, len(examples), batch_size):
         batch = {key: np.full((local, length), PAD_ID, np.int32) for key in ("inputs", "targets")}

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from fxformer.cli import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -23,9 +24,12 @@ class Tokenizer:
 
     def __init__(self, model_path: str | Path):
         self.path = Path(model_path)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError):
+            raise UserError(f"{self.path} is missing or not a sentencepiece model.") from None
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"{self.path} was not trained with fxformer's special token ids.")
+            raise UserError(f"{self.path} was not trained with fxformer's special token ids.")
 
     @property
     def vocab_size(self) -> int:
