@@ -267,6 +267,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
         f"{rows} rows x {config.data.max_length} tokens per step in {accum} micro-batch(es)"
     )
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+    if start_step >= config.num_train_steps:
+        log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
 
     stop = {"signal": None}
     previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
@@ -386,8 +388,10 @@ def main() -> None:
     p.add_argument("--process_id", type=int, default=-1)
     args, config = cli.parse(p)
     workdir = Path(args.workdir)
-    if config is None:
-        config = load_workdir_config(workdir)  # resume a run with the config it was started with
+    if config is None:  # resume a run with the config it was started with
+        if not (workdir / "config.json").exists():
+            raise cli.UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
+        config = load_workdir_config(workdir)
     if args.distributed or args.coordinator_address:
         parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
