@@ -71,24 +71,18 @@ def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_state
     return jax.tree.map(lambda x: x / len(steps), total)
 
 
-def save_params(directory: Path, step: int, params, meta: dict) -> None:
+def save_params(mngr: ocp.CheckpointManager, step: int, params, meta: dict) -> None:
     """Write parameters alone (an averaged checkpoint) with a JSON description, and wait."""
-    with manager(directory, asynchronous=False) as mngr:
-        mngr.save(
-            step,
-            args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+    args = ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta))
+    mngr.save(step, args=args, force=True)
+    mngr.wait_until_finished()
 
 
-def restore_params(directory: Path, step: int, abstract_params) -> tuple[dict, dict]:
+def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> tuple[dict, dict]:
     """Parameters and description of an averaged checkpoint."""
-    with manager(directory, asynchronous=False) as mngr:
-        try:
-            out = mngr.restore(
-                step,
-                args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()),
-            )
-        except Exception as e:
-            raise UserError(f"Averaged checkpoint {directory}/{step} is unreadable ({type(e).__name__}).") from None
+    args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+    try:
+        out = mngr.restore(step, args=args)
+    except Exception as e:
+        raise UserError(f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}).") from None
     return out["params"], out["meta"]

@@ -137,6 +137,11 @@ def parse(
     return args, config
 
 
+def log_to_stderr(*args, **kwargs) -> None:
+    """Progress output for commands whose stdout is data."""
+    print(*args, file=sys.stderr, **kwargs)
+
+
 def run(main: Callable[[], int | None]) -> None:
     """Run a command's main; a UserError becomes one line on stderr and exit status 2."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -62,9 +62,9 @@ def _start(config: TransformerConfig, params, inputs: Array, copies: int, max_ex
     model = decoding_model(config)
     segmentation = (inputs != PAD_ID).astype(jnp.int32)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
+    limit = segmentation.sum(-1) + max_extra  # maximum output length = input length + 50
     encoded, segmentation = jnp.repeat(encoded, copies, axis=0), jnp.repeat(segmentation, copies, axis=0)
     max_len = inputs.shape[1] + max_extra
-    limit = (inputs != PAD_ID).sum(-1) + max_extra  # maximum output length = input length + 50
     return encoded, segmentation, limit, max_len, init_cache(config, params, encoded, segmentation, max_len)
 
 

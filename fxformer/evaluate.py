@@ -65,22 +65,21 @@ def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, l
     mesh = parallel.data_mesh()
     model, _, abstract_state, eval_step = train.build(config, tokenizer.vocab_size, mesh)
     directory = workdir / "checkpoints"
-    steps = []
-    if directory.exists():
-        with checkpoint.manager(directory, asynchronous=False) as mngr:
-            steps = list(mngr.all_steps())
-    if not steps:
+    if not directory.exists():
         raise cli.UserError(f"{directory} holds no checkpoint; train first.")
-    if step:
-        if step not in steps:
-            raise cli.UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
-        chosen = [step]
-    else:
-        k = average_last or config.average_last
-        chosen = steps[-k:]
-        if len(chosen) < k:
-            log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
     with checkpoint.manager(directory, asynchronous=False) as mngr:
+        steps = list(mngr.all_steps())
+        if not steps:
+            raise cli.UserError(f"{directory} holds no checkpoint; train first.")
+        if step:
+            if step not in steps:
+                raise cli.UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
+            chosen = [step]
+        else:
+            k = average_last or config.average_last
+            chosen = steps[-k:]
+            if len(chosen) < k:
+                log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
             params = checkpoint.restore(mngr, chosen[0], abstract_state).params
         else:
@@ -93,13 +92,13 @@ def averaged(workdir: Path, mngr, steps: list[int], abstract_state, log=print):
     directory = workdir / "averaged" / f"last{len(steps)}"
     with checkpoint.manager(directory, asynchronous=False) as avg:
         if steps[-1] in avg.all_steps():
-            params, meta = checkpoint.restore_params(directory, steps[-1], abstract_state.params)
+            params, meta = checkpoint.restore_params(avg, steps[-1], abstract_state.params)
             if meta["checkpoint_steps"] == steps:
                 return params
             avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed): redo
-    log(f"averaging the parameters of steps {steps}")
-    params = checkpoint.average_params(mngr, steps, abstract_state)
-    checkpoint.save_params(directory, steps[-1], params, {"checkpoint_steps": steps})
+        log(f"averaging the parameters of steps {steps}")
+        params = checkpoint.average_params(mngr, steps, abstract_state)
+        checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
     return params
 
 

@@ -34,7 +34,7 @@ def main() -> None:
                 lines = f.read().splitlines()
         except OSError as e:
             raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror}.") from None
-    log = lambda *a, **k: print(*a, **k, file=sys.stderr)
+    log = cli.log_to_stderr
     config, model, tokenizer, params, steps, mesh, _ = restore_for_inference(
         args.workdir, args.step, args.average_last, log
     )

@@ -15,6 +15,7 @@ import pytest
 from conftest import TINY, env_with_devices, final_params, logged, run_train, small_config, train_command
 from jax.sharding import AxisType, Mesh
 
+from configs import with_overrides
 from fxformer import optim, parallel, train
 from fxformer.data import corpora, pipeline
 from fxformer.model import Transformer, TransformerConfig
@@ -30,6 +31,16 @@ def test_schedule_is_the_papers_formula(step):
     assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-6)  # optax counts from 0
 
 
+def numpy_cross_entropy(logits, target, eps):
+    """(label-smoothed, plain) cross-entropy of one position, in float64: 1 - eps on the target,
+    eps / (V - 1) on every other token."""
+    logits = np.asarray(logits, np.float64)
+    log_p = logits - np.log(np.exp(logits).sum())
+    q = np.full(len(logits), eps / (len(logits) - 1))
+    q[target] = 1 - eps
+    return -(q * log_p).sum(), -log_p[target]
+
+
 def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
     rng = np.random.default_rng(0)
     vocab, eps = 7, 0.1
@@ -43,11 +54,9 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
         for t in range(5):
             if targets[b, t] == 0:
                 continue  # padding
-            log_p = logits[b, t] - np.log(np.exp(logits[b, t].astype(np.float64)).sum())
-            q = np.full(vocab, eps / (vocab - 1))
-            q[targets[b, t]] = 1 - eps
-            loss += -(q * log_p).sum()
-            nll += -log_p[targets[b, t]]
+            smoothed, plain = numpy_cross_entropy(logits[b, t], targets[b, t], eps)
+            loss += smoothed
+            nll += plain
             count += 1
     assert float(sums["tokens"]) == count == 6
     assert float(sums["loss"]) / count == pytest.approx(loss / count, rel=1e-5)
@@ -68,10 +77,7 @@ def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     for b in range(2):
         for t in range(5):
             if targets[b, t] != 0:
-                log_p = logits[b, t] - np.log(np.exp(logits[b, t]).sum())
-                q = np.full(20, 0.1 / 19)
-                q[targets[b, t]] = 0.9
-                loss += -(q * log_p).sum()
+                loss += numpy_cross_entropy(logits[b, t], int(targets[b, t]), 0.1)[0]
                 count += 1
     assert float(sums["tokens"]) == count == 8
     assert float(sums["loss"]) == pytest.approx(loss, rel=1e-5)
@@ -107,11 +113,7 @@ def packed_batch(corpus):
 
 
 def tiny_config(data_dir, **overrides):
-    config = small_config(data_dir)
-    for key, value in {**TINY, **overrides}.items():
-        section, _, leaf = key.rpartition(".")
-        (config[section] if section else config)[leaf] = value
-    return config
+    return with_overrides(small_config(data_dir), {**TINY, **overrides})
 
 
 def test_eight_devices_equal_one_device(data_dir, packed_batch):

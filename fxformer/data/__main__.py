@@ -47,11 +47,11 @@ def main() -> None:
     print(f"tokenizer: {tokenizer.path} ({tokenizer.vocab_size:,} pieces)")
 
     splits = [data.train_split, data.eval_split, data.test_split]
+    sources = {split: corpora.data_source(builder, split) for split in splits}
     print(f"\n| split | pairs | source tokens | target tokens | longer than {data.max_length} |")
     print("|---|---|---|---|---|")
     train_lengths = None
-    for split in splits:
-        source = corpora.data_source(builder, split)
+    for split, source in sources.items():
         examples = pipeline.tokenize_split(source, tokenizer, data, args.limit)
         src = np.array([len(e["inputs"]) for e in examples])
         tgt = np.array([len(e["targets"]) for e in examples])
@@ -66,7 +66,7 @@ def main() -> None:
     print(f"length filter: max_length {data.max_length} {verb} {train_longer:,} of {len(train_lengths):,} pairs")
 
     rows = pipeline.rows_per_step(data, 1)
-    ds, _ = pipeline.train_dataset(corpora.data_source(builder, data.train_split), tokenizer, data, rows, seed=0)
+    ds, _ = pipeline.train_dataset(sources[data.train_split], tokenizer, data, rows, seed=0)
     real = {"inputs": 0, "targets": 0}
     batches = iter(ds)
     for _ in range(args.packing_batches):
@@ -86,8 +86,7 @@ def main() -> None:
             "(the word-by-word baseline is for the embedded corpus)"
         )
         return
-    train = corpora.data_source(builder, data.train_split)
-    test = corpora.data_source(builder, data.test_split)
+    train, test = sources[data.train_split], sources[data.test_split]
     pair = lambda r: (r[data.source_lang].decode("utf-8"), r[data.target_lang].decode("utf-8"))
     train_pairs = [pair(train[i]) for i in range(min(len(train), args.baseline_pairs))]
     test_pairs = [pair(test[i]) for i in range(len(test))]

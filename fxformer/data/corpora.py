@@ -25,8 +25,6 @@ from fxformer.data import grammar
 
 tfds.disable_progress_bar()
 
-SPLITS = ("train", "validation", "test")
-
 
 def _features(source_lang: str, target_lang: str) -> tfds.features.FeaturesDict:
     return tfds.features.FeaturesDict({source_lang: tfds.features.Text(), target_lang: tfds.features.Text()})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -109,8 +108,3 @@ def cached_tokenizer(
         local.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cache_path, local)
     return Tokenizer(local)
-
-
-def stderr_log(*args, **kwargs) -> None:
-    """Progress output for commands whose stdout is data."""
-    print(*args, file=sys.stderr, **kwargs)
