@@ -1,1 +1,1 @@
-"""Experiment sweeps over configs (Table 3 rows), built on fxformer.train and fxformer.evaluate."""
+"""Launching fxformer runs (local processes, Cloud TPU pods, SLURM) and, next, sweeps; imports no JAX."""

@@ -7,22 +7,21 @@ An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from fxformer import paths
 from fxformer.cli import UserError
 
 
-def manager(directory: Path, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
-    """A manager over `directory` keeping the last `keep` steps (0 = all)."""
+def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
+    """A manager over `directory` (a local path or a URL) keeping the last `keep` steps (0 = all)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep or None, enable_async_checkpointing=asynchronous, create=True
     )
-    return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+    return ocp.CheckpointManager(paths.absolute(directory), options=options)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:

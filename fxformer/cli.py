@@ -21,6 +21,8 @@ from typing import Any
 import ml_collections
 from absl import logging as absl_logging
 
+from fxformer import exitcodes
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # config files import each other as `configs.base`
     sys.path.insert(0, str(REPO_ROOT))
@@ -143,14 +145,14 @@ def log_to_stderr(*args, **kwargs) -> None:
 
 
 def run(main: Callable[[], int | None]) -> None:
-    """Run a command's main; a UserError becomes one line on stderr and exit status 2."""
+    """Run a command's main; a UserError becomes one line on stderr and exit status 2 (`exitcodes`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS and orbax chatter; our own output is print()
     try:
         sys.exit(main() or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exitcodes.USER_ERROR)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -15,7 +15,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -24,7 +23,7 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, cli, decode, parallel, train
+from fxformer import checkpoint, cli, decode, parallel, paths, train
 from fxformer.data import corpora, pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.metrics import duration
@@ -51,20 +50,20 @@ class Restored(NamedTuple):
     eval_step: Callable  # jitted (params, batch) -> summed loss / nll / accuracy / tokens
 
 
-def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, log=print) -> Restored:
+def restore_for_inference(workdir: paths.PathLike, step: int = 0, average_last: int = 0, log=print) -> Restored:
     """A workdir's config, model, tokenizer and parameters, on the devices at hand.
 
     `step` picks one checkpoint; `average_last` > 1 averages the last k (saved once under
     `W/averaged/last<k>/<last step>` and reused); neither: the config's `average_last`.
     """
-    workdir = Path(workdir)
+    workdir = paths.Workdir(workdir)
     config = train.load_workdir_config(workdir)
-    if not (workdir / "tokenizer.model").exists():
+    if not workdir.tokenizer.exists():
         raise cli.UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
-    tokenizer = Tokenizer(workdir / "tokenizer.model")
+    tokenizer = Tokenizer(workdir.tokenizer)
     mesh = parallel.data_mesh()
     model, _, abstract_state, eval_step = train.build(config, tokenizer.vocab_size, mesh)
-    directory = workdir / "checkpoints"
+    directory = workdir.checkpoints
     if not directory.exists():
         raise cli.UserError(f"{directory} holds no checkpoint; train first.")
     with checkpoint.manager(directory, asynchronous=False) as mngr:
@@ -87,9 +86,9 @@ def restore_for_inference(workdir: Path, step: int = 0, average_last: int = 0, l
     return Restored(config, model, tokenizer, params, chosen, mesh, eval_step)
 
 
-def averaged(workdir: Path, mngr, steps: list[int], abstract_state, log=print):
+def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log=print):
     """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if written before, else computed there."""
-    directory = workdir / "averaged" / f"last{len(steps)}"
+    directory = workdir.averaged(len(steps))
     with checkpoint.manager(directory, asynchronous=False) as avg:
         if steps[-1] in avg.all_steps():
             params, meta = checkpoint.restore_params(avg, steps[-1], abstract_state.params)
@@ -133,7 +132,7 @@ def translate_examples(
 
 
 def evaluate(
-    workdir: Path,
+    workdir: paths.PathLike,
     split: str = "test",
     step: int = 0,
     average_last: int = 0,
@@ -143,7 +142,7 @@ def evaluate(
     log=print,
 ) -> dict:
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
-    workdir = Path(workdir)
+    workdir = paths.Workdir(workdir)
     config, model, tokenizer, params, steps, mesh, eval_step = restore_for_inference(workdir, step, average_last, log)
     beam_size = beam_size or config.beam_size
     alpha = config.alpha if alpha is None else alpha
@@ -180,11 +179,11 @@ def evaluate(
         "signature": str(bleu.get_signature()),
     }
     if jax.process_index() == 0:
-        out = workdir / "eval"
-        out.mkdir(exist_ok=True)
-        (out / f"{name}.hyp.txt").write_text("".join(h + "\n" for h in hypotheses))
-        (out / f"{name}.ref.txt").write_text("".join(r + "\n" for r in references))
-        (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+        out = workdir.eval
+        out.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(out / f"{name}.hyp.txt", "".join(h + "\n" for h in hypotheses))
+        paths.write_atomic(out / f"{name}.ref.txt", "".join(r + "\n" for r in references))
+        paths.write_atomic(out / f"{name}.json", json.dumps(results, indent=2) + "\n")
         results["path"] = str(out / f"{name}.json")
     return results
 
@@ -197,6 +196,7 @@ def inference_parser(description: str, module: str):
     p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
     p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
+    parallel.add_cluster_flags(p)
     return p
 
 
@@ -206,6 +206,7 @@ def parse_inference_args(p):
         raise cli.UserError("Give --step or --average_last, not both.")
     if args.beam_size < 0 or (args.alpha is not None and args.alpha < 0):
         raise cli.UserError("--beam_size must be at least 1 and --alpha at least 0.")
+    parallel.join_cluster(args)
     return args
 
 

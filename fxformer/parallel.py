@@ -7,6 +7,9 @@ gradients across all of them. Each process feeds only its own slice of the globa
 
 from __future__ import annotations
 
+import argparse
+import os
+
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -20,6 +23,14 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
     With no arguments JAX finds the cluster itself (Cloud TPU, SLURM, Open MPI);
     the arguments name it explicitly, e.g. a coordinator on localhost for tests.
     """
+    if not coordinator_address and "SLURM_JOB_ID" in os.environ and "SLURM_STEP_NODELIST" not in os.environ:
+        raise UserError(  # JAX would fail obscurely: only srun tells each task its rank and the node list
+            "--distributed inside a SLURM job needs one process per task started by srun "
+            "(srun python -m fxformer.train --distributed ...), not python run directly in the batch script."
+        )
+    # fxformer's train loop agrees on SIGTERM itself (train.StopRequest); JAX's pre-emption
+    # notifier would take the signal away from it.
+    jax.config.update("jax_enable_preemption_service", False)
     kwargs = {}
     if coordinator_address:
         kwargs["coordinator_address"] = coordinator_address
@@ -28,6 +39,20 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
     if process_id >= 0:
         kwargs["process_id"] = process_id
     jax.distributed.initialize(**kwargs)
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """--distributed, or an explicit --coordinator_address/--num_processes/--process_id."""
+    p.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() (TPU pods, SLURM + srun)")
+    p.add_argument("--coordinator_address", default="", help="host:port of process 0, for a manual cluster")
+    p.add_argument("--num_processes", type=int, default=0, help="processes in a manual cluster")
+    p.add_argument("--process_id", type=int, default=-1, help="this process's rank in a manual cluster")
+
+
+def join_cluster(args: argparse.Namespace) -> None:
+    """Join the cluster the flags of `add_cluster_flags` describe, if any."""
+    if args.distributed or args.coordinator_address:
+        initialize(args.coordinator_address, args.num_processes, args.process_id)
 
 
 def data_mesh() -> Mesh:

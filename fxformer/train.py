@@ -4,7 +4,8 @@
 
 The same command runs on a laptop, a GPU host or a TPU pod (add --distributed, or the
 explicit --coordinator_address/--num_processes/--process_id). A workdir with checkpoints is
-resumed, with the same data order; SIGTERM saves and exits 0.
+resumed, with the same data order. SIGTERM (a pre-emption notice) or Ctrl-C saves and exits
+with status 75 (`fxformer.exitcodes.STOPPED`); a run that reached its last step exits 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import math
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import flax
@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, cli, optim, parallel
+from fxformer import checkpoint, cli, exitcodes, optim, parallel, paths
 from fxformer.data import corpora, pipeline, tokenizer_for
 from fxformer.metrics import MetricWriter, duration, per_token
 from fxformer.model import Transformer, TransformerConfig
@@ -141,17 +141,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def load_workdir_config(workdir: Path) -> ml_collections.ConfigDict:
+def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir."""
-    path = Path(workdir) / "config.json"
+    path = paths.Workdir(workdir).config
     if not path.exists():
         raise cli.UserError(f"{workdir} has no config.json; is it a training workdir?")
     return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def write_workdir_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
+def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
     """Record the resolved config; refuse a workdir whose model differs from the config's."""
-    path = Path(workdir) / "config.json"
+    path = paths.Workdir(workdir).config
     if path.exists():
         old = json.loads(path.read_text())
         new = json.loads(config.to_json())
@@ -162,13 +162,11 @@ def write_workdir_config(config: ml_collections.ConfigDict, workdir: Path) -> No
                 f"({old['model'].get(changed[0])} vs {new['model'].get(changed[0])}); use a new --workdir."
             )
     if jax.process_index() == 0:
-        Path(workdir).mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(config.to_json(indent=2))
-        tmp.replace(path)  # atomic: other processes read either the old file or the new one
+        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(path, config.to_json(indent=2))  # other processes read the old file or the new one
 
 
-def prepare_data(config: ml_collections.ConfigDict, workdir: Path, log=print):
+def prepare_data(config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print):
     """(builder, tokenizer): process 0 builds the dataset and tokenizer, the others wait and load them."""
     if jax.process_index() == 0:
         builder = corpora.prepare(config.data, log=log)
@@ -218,13 +216,55 @@ def evaluate_loss(
 # The loop
 
 
+AGREE_EVERY = 10  # steps between the processes' stop/save agreements (a tiny collective)
+
+
 class Diverged(cli.UserError):
     """The loss stopped being finite."""
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=print) -> TrainState:
-    """Train `config` in `workdir` until `num_train_steps`, resuming from its latest checkpoint."""
-    workdir = Path(workdir)
+class StopRequest:
+    """Set by SIGTERM (a pre-emption notice) or a first Ctrl-C: save at the next agreed step and stop.
+
+    Installed at the start of a command, so a signal during data preparation or compilation is
+    kept too; a second Ctrl-C interrupts at once.
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else ""
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print, stop: StopRequest | None = None
+) -> TrainState:
+    """Train `config` in `workdir` until `num_train_steps`, resuming from its latest checkpoint.
+
+    Returns the last state; its step is below `num_train_steps` if a signal stopped the run.
+    """
+    own_stop = stop is None
+    stop = stop or StopRequest()
+    try:
+        return _train(config, paths.Workdir(workdir), log, stop)
+    finally:
+        if own_stop:
+            stop.restore()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
     check_config(config)
     write_workdir_config(config, workdir)
     mesh = parallel.data_mesh()
@@ -252,11 +292,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
         corpora.data_source(builder, config.data.eval_split), tokenizer, config.data, dev_limit
     )
 
-    mngr = checkpoint.manager(workdir / "checkpoints", config.keep_checkpoints)
+    mngr = checkpoint.manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = mngr.latest_step() or 0
     if start_step:
         state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
-        log(f"resumed from {workdir / 'checkpoints' / str(start_step)}")
+        log(f"resumed from {workdir.checkpoints / str(start_step)}")
     else:
         init = jax.jit(functools.partial(create_state, model, tx, config.seed), out_shardings=parallel.replicated(mesh))
         state = init()
@@ -270,8 +310,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
 
-    stop = {"signal": None}
-    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
     pending: list[dict] = []  # device metrics of steps not yet logged
 
     def flush(step: int) -> dict[str, float]:
@@ -295,12 +333,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
         sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}
         return {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
 
-    def agree(step: int, time_due: bool) -> tuple[bool, bool]:
-        """(save for time, stop for SIGTERM), the same on every process: several processes compare
-        their flags at log steps only (a collective), so they always save and stop together."""
-        flags = np.array([time_due, stop["signal"] is not None])
+    def agree(step: int, time_due: bool, now: bool = False) -> tuple[bool, bool]:
+        """(save for time, stop for a signal), the same on every process: several processes compare
+        their flags every `AGREE_EVERY` steps or log steps (or `now`, a point every process
+        reaches), so they always save and stop together, soon after a pre-emption notice."""
+        flags = np.array([time_due, stop.signal is not None])
         if jax.process_count() > 1:
-            if step % config.log_every_steps:
+            if step % min(config.log_every_steps, AGREE_EVERY) and not now:
                 return False, False
             flags = multihost_utils.process_allgather(flags).reshape(-1, 2).any(axis=0)
         return bool(flags[0]), bool(flags[1])
@@ -309,6 +348,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
     last_save = last_console = time.time()
     timer_start, timer_step = None, start_step
     tokens = {"seen": 0.0, "steps": 0}  # target tokens over logged steps, for tokens/s
+    if step < config.num_train_steps and agree(step, False, now=True)[1]:  # during data preparation or compiling
+        log(f"{stop.name} before the first step: nothing new to save; exiting")
+        step = config.num_train_steps  # skip the loop; the returned state is the checkpoint's
     try:
         while step < config.num_train_steps:
             local = next(data_iterator)
@@ -344,13 +386,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: Path, log=pri
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
             if stopping:
-                log(f"SIGTERM: saved step {step} to {workdir / 'checkpoints'}; exiting")
+                mngr.wait_until_finished()
+                reason = stop.name or "a signal to another process"
+                log(f"{reason}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
     finally:
         mngr.wait_until_finished()
         mngr.close()
         writer.close()
-        signal.signal(signal.SIGTERM, previous_handler)
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")
     return state
@@ -379,23 +422,23 @@ def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now) 
     return " | ".join(parts)
 
 
-def main() -> None:
+def main() -> int:
     p = cli.parser(__doc__, "fxformer.train")
     p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
-    p.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() (TPU pods, SLURM)")
-    p.add_argument("--coordinator_address", default="", help="host:port of process 0, for a manual cluster")
-    p.add_argument("--num_processes", type=int, default=0)
-    p.add_argument("--process_id", type=int, default=-1)
+    parallel.add_cluster_flags(p)
+    stop = StopRequest()  # from the start: a pre-emption during data preparation is kept too
     args, config = cli.parse(p)
-    workdir = Path(args.workdir)
+    workdir = paths.Workdir(args.workdir)
     if config is None:  # resume a run with the config it was started with
-        if not (workdir / "config.json").exists():
+        if not workdir.config.exists():
             raise cli.UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
         config = load_workdir_config(workdir)
-    if args.distributed or args.coordinator_address:
-        parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
-    train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True))
+    state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
+    if int(state.step) < config.num_train_steps:
+        return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
+    return exitcodes.OK
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from fxformer import cli
+from fxformer import cli, paths
 from fxformer.evaluate import (
     inference_parser,
     parse_inference_args,
@@ -30,10 +30,9 @@ def main() -> None:
         lines = sys.stdin.read().splitlines()
     else:
         try:
-            with open(args.input, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            lines = paths.as_path(args.input).read_text(encoding="utf-8").splitlines()
         except OSError as e:
-            raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror}.") from None
+            raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
     log = cli.log_to_stderr
     config, model, tokenizer, params, steps, mesh, _ = restore_for_inference(
         args.workdir, args.step, args.average_last, log

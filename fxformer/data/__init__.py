@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import ml_collections
 import numpy as np
 
+from fxformer import paths
 from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer, cached_tokenizer
 
 
-def tokenizer_for(data: ml_collections.ConfigDict, builder, workdir: Path | None = None, log=print) -> Tokenizer:
+def tokenizer_for(
+    data: ml_collections.ConfigDict, builder, workdir: paths.PathLike | None = None, log=print
+) -> Tokenizer:
     """The dataset's shared BPE model: trained once beside the dataset, then copied into `workdir`.
 
     A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
     """
-    if workdir is not None and (Path(workdir) / "tokenizer.model").exists():
-        return Tokenizer(Path(workdir) / "tokenizer.model")
+    if workdir is not None and paths.Workdir(workdir).tokenizer.exists():
+        return Tokenizer(paths.Workdir(workdir).tokenizer)
     source = corpora.data_source(builder, data.train_split)
 
     def sentences():
@@ -29,5 +30,5 @@ def tokenizer_for(data: ml_collections.ConfigDict, builder, workdir: Path | None
                 yield record[lang].decode("utf-8")
 
     name = f"tokenizer-bpe{data.vocab_size}-{data.source_lang}{data.target_lang}-{data.tokenizer_sentences}.model"
-    cache = Path(builder.data_dir) / name
+    cache = paths.as_path(builder.data_dir) / name
     return cached_tokenizer(cache, sentences, data.vocab_size, data.tokenizer_sentences, workdir, log=log)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import io
 import os
-from pathlib import Path
 
 import ml_collections
 import tensorflow_datasets as tfds
 
+from fxformer import paths
 from fxformer.cli import UserError
 from fxformer.data import grammar
 
@@ -73,9 +74,11 @@ class TextConfig(tfds.core.BuilderConfig):
 
 
 def _read_lines(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    """Lines of a text file (plain or .gz, local or a URL), without their line ends."""
+    with paths.as_path(path).open("rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
+        with io.TextIOWrapper(stream, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
 
 
 class FxformerParallelText(tfds.core.GeneratorBasedBuilder):
@@ -115,10 +118,10 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
     for field in ("source_file", "target_file"):
         if not data[field]:
             raise UserError(f"data.dataset='text' needs --config.data.{field}=<path>.")
-        if not Path(data[field]).is_file():
+        if not paths.as_path(data[field]).is_file():
             raise UserError(f"data.{field} '{data[field]}' does not exist.")
-    files = [Path(data.source_file).resolve(), Path(data.target_file).resolve()]
-    identity = "|".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files) + f"|{data.heldout}"
+    files = [paths.absolute(data.source_file), paths.absolute(data.target_file)]
+    identity = "|".join(f"{f}:{f.stat().length}:{f.stat().mtime}" for f in files) + f"|{data.heldout}"
     name = "text-" + hashlib.sha1(identity.encode()).hexdigest()[:12]  # a changed file is a new dataset
     return TextConfig(
         name=name,
@@ -187,7 +190,7 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
 
 
 def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
-    return Path(builder.data_dir, "dataset_info.json").exists()
+    return (paths.as_path(builder.data_dir) / "dataset_info.json").exists()
 
 
 def data_source(builder: tfds.core.DatasetBuilder, split: str):

@@ -6,14 +6,13 @@ pad, unk, bos and eos have the distinct ids of `fxformer.tokens` (pad never doub
 from __future__ import annotations
 
 import io
-import shutil
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
+from fxformer import paths
 from fxformer.cli import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -21,10 +20,10 @@ from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 class Tokenizer:
     """Text <-> ids with a sentencepiece model; `encode` appends EOS."""
 
-    def __init__(self, model_path: str | Path):
-        self.path = Path(model_path)
+    def __init__(self, model_path: paths.PathLike):
+        self.path = paths.as_path(model_path)  # read through epath: a gs:// workdir's copy works too
         try:
-            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+            self.sp = spm.SentencePieceProcessor(model_proto=self.path.read_bytes())
         except (OSError, RuntimeError):
             raise UserError(f"{self.path} is missing or not a sentencepiece model.") from None
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -51,14 +50,14 @@ class Tokenizer:
 
 
 def train_tokenizer(
-    sentences: Iterable[str], vocab_size: int, model_path: str | Path, max_sentences: int, log=print
+    sentences: Iterable[str], vocab_size: int, model_path: paths.PathLike, max_sentences: int, log=print
 ) -> Tokenizer:
     """Train a BPE model on at most `max_sentences` sentences (source and target mixed).
 
     The sample is taken as it comes (the caller interleaves languages); progress is shown.
     `vocab_size` is a soft limit: a small corpus may yield fewer pieces.
     """
-    model_path = Path(model_path)
+    model_path = paths.as_path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     sample, start = [], time.time()
     last = start
@@ -87,24 +86,28 @@ def train_tokenizer(
         num_threads=4,
         minloglevel=2,
     )
-    tmp = model_path.with_suffix(".tmp")
-    tmp.write_bytes(proto.getvalue())
-    tmp.replace(model_path)  # atomic: an interrupted run never leaves half a model
+    paths.write_atomic(model_path, proto.getvalue())  # an interrupted run never leaves half a model
     tokenizer = Tokenizer(model_path)
     log(f"tokenizer: {tokenizer.vocab_size:,} pieces in {time.time() - start:.1f}s -> {model_path}")
     return tokenizer
 
 
 def cached_tokenizer(
-    cache_path: Path, sentences_fn, vocab_size: int, max_sentences: int, workdir: Path | None = None, log=print
+    cache_path: paths.PathLike,
+    sentences_fn,
+    vocab_size: int,
+    max_sentences: int,
+    workdir: paths.PathLike | None = None,
+    log=print,
 ) -> Tokenizer:
     """The tokenizer at `cache_path`, trained there first if absent, and copied into `workdir`."""
+    cache_path = paths.as_path(cache_path)
     if not cache_path.exists():
         train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
     if workdir is None:
         return Tokenizer(cache_path)
-    local = Path(workdir) / "tokenizer.model"
+    local = paths.Workdir(workdir).tokenizer
     if not local.exists():
         local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(cache_path, local)
+        paths.write_atomic(local, cache_path.read_bytes())
     return Tokenizer(local)

@@ -1,0 +1,102 @@
+"""Paths that stay URLs, and the one place that knows a workdir's layout.
+
+Every path that comes from a flag or a config goes through `as_path`, an `etils.epath.Path`:
+a local path works as with `pathlib`, and `gs://bucket/runs/base` stays a URL all the way to
+orbax, TFDS, TensorBoard and fxformer's own writers (a `pathlib.Path` would turn it into a
+local folder named `gs:` on every host). This module imports no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from etils import epath
+
+PathLike = str | os.PathLike
+
+
+def is_url(path: PathLike) -> bool:
+    """True for `gs://...`, `s3://...` and other object-store URLs."""
+    return "://" in os.fspath(path)
+
+
+def as_path(path: PathLike) -> epath.Path:
+    """A path from a flag or a config: `~` expanded for local paths, URLs kept as they are."""
+    text = os.fspath(path)
+    return epath.Path(text if is_url(text) else os.path.expanduser(text))
+
+
+def absolute(path: PathLike) -> epath.Path:
+    """`path` made absolute if local (orbax wants absolute directories); a URL unchanged."""
+    path = as_path(path)
+    return path if is_url(path) else epath.Path(os.path.abspath(path))
+
+
+def write_atomic(path: PathLike, data: str | bytes) -> None:
+    """Replace a file's content in one piece, so that a reader or a kill never sees half of it.
+
+    A local file is written beside it and renamed over it; an object in a store (which
+    cannot append or rename cheaply) is replaced whole by a single upload.
+    """
+    path = as_path(path)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    if is_url(path):
+        with path.open(mode) as f:
+            f.write(data)
+        return
+    tmp = path.parent / f".{path.name}.tmp"
+    with tmp.open(mode) as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
+    `W/averaged/last<k>/<step>`, `W/eval/`, `W/metrics.jsonl`, `W/tensorboard/`."""
+
+    root: epath.Path
+
+    def __init__(self, root: PathLike):
+        object.__setattr__(self, "root", as_path(root))
+
+    def __str__(self) -> str:
+        return os.fspath(self.root)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.root)
+
+    @property
+    def config(self) -> epath.Path:
+        """The resolved config the run was started with (JSON)."""
+        return self.root / "config.json"
+
+    @property
+    def tokenizer(self) -> epath.Path:
+        """The run's copy of the sentencepiece model."""
+        return self.root / "tokenizer.model"
+
+    @property
+    def checkpoints(self) -> epath.Path:
+        """Training checkpoints, one orbax step directory each."""
+        return self.root / "checkpoints"
+
+    def averaged(self, k: int) -> epath.Path:
+        """Parameters averaged over the last `k` checkpoints, one step directory per last step."""
+        return self.root / "averaged" / f"last{k}"
+
+    @property
+    def eval(self) -> epath.Path:
+        """Evaluation results (JSON) and translations."""
+        return self.root / "eval"
+
+    @property
+    def metrics(self) -> epath.Path:
+        """One JSON object per logged step."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> epath.Path:
+        """TensorBoard event files."""
+        return self.root / "tensorboard"
