@@ -84,24 +84,24 @@ def run(rundir: Path, command_lines: list[list[str]], echo=sys.stdout) -> int:
     status = exitcodes.OK
     for line in command_lines:
         with log_path.open("ab") as log:
+            start = log.tell()  # this command's output begins here (the log keeps earlier attempts)
             log.write(f"$ {shlex.join(line)}\n".encode())
             log.flush()
             child = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         (rundir / "pid").write_text(f"{child.pid}\n")
-        status = _follow(child, log_path, echo)
+        status = _follow(child, log_path, start, echo)
         if status != exitcodes.OK:
             break
     return status
 
 
-def _follow(child: subprocess.Popen, log_path: Path, echo) -> int:
+def _follow(child: subprocess.Popen, log_path: Path, start: int, echo) -> int:
     """Copy the log's new lines to `echo` until the child exits, forwarding SIGTERM/SIGINT to it."""
     forward = lambda signum, frame: child.send_signal(signal.SIGTERM)
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with log_path.open("rb") as log:
-            log.seek(0, os.SEEK_END)
-            log.seek(max(0, log.tell() - 64 * 1024))  # the command line, and what the child wrote so far
+            log.seek(start)
             while True:
                 done = child.poll() is not None
                 chunk = log.read()

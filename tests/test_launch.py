@@ -1,0 +1,177 @@
+"""The launcher: golden dry-run output (tpu, slurm), no JAX on the launching machine, the local
+backend on two processes with a pre-emption that resumes exactly, and the SLURM-without-srun refusal.
+
+Golden files live in tests/golden/. After an intended change of the printed commands, regenerate
+them with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_launch.py` and review the diff.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY, env_with_devices, logged, run_train
+
+from fxformer import exitcodes
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def experiments(*argv, env=None, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments", *argv], cwd=REPO, env=env, capture_output=True, text=True, **kwargs
+    )
+
+
+def head_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if out.returncode:
+        pytest.skip("not a git checkout: the tpu backend syncs committed code")
+    return out.stdout.strip()
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("FXFORMER_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"dry-run output differs from {path} (see this file's docstring)"
+
+
+def test_tpu_dry_run_matches_golden_file():
+    result = experiments(
+        "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--evaluate",
+        "--eval_flags=--split=validation", "--dry-run", "--",
+        "--config=configs/base.py", "--workdir=gs://bucket/runs/base",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.replace(head_commit(), "<commit>")
+    check_golden("launch_tpu_4_workers.txt", text)
+    runs = [line for line in text.splitlines() if "experiments.worker" in line]
+    assert [f"--worker={i} " in line for i, line in enumerate(runs)] == [True] * 4
+    for i, line in enumerate(runs):  # the flags reach fxformer.train unchanged, the URL intact, with --distributed
+        assert "gcloud compute tpus tpu-vm ssh my-v4-32" in line
+        assert "--cluster_flags=--distributed --evaluate --eval_flags=--split=validation" in line
+        tail = f" -- --config=configs/base.py --workdir=gs://bucket/runs/base' > logs/base/worker_{i}.log 2>&1 &"
+        assert line.endswith(tail)
+
+
+def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
+    result = experiments(
+        "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--dry-run", "--",
+        "--config=configs/base.py", "--workdir=gs://bucket/runs/base",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gcloud compute tpus tpu-vm describe my-v4-32" in result.stdout
+    assert "--worker=$i" in result.stdout and "gs://bucket/runs/base" in result.stdout
+
+
+def test_slurm_dry_run_matches_golden_file():
+    result = experiments(
+        "launch", "--backend=slurm", "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--partition=gpu",
+        "--evaluate", "--dry-run", "--", "--config=configs/base.py", "--workdir=/shared/runs/base",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    check_golden("launch_slurm_2x8.txt", result.stdout)
+    assert "srun " in result.stdout and "--requeue" in result.stdout and "scontrol requeue" in result.stdout
+
+
+def test_sbatch_script_is_valid_bash():
+    result = experiments(
+        "launch", "--backend=slurm", "--nodes=2", "--dry-run", "--", "--config=c.py", "--workdir=/shared/w"
+    )
+    script = result.stdout.split("\n", 1)[1]  # after the "# path, submitted with" line
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_launcher_never_imports_jax():
+    code = (
+        "import sys; import experiments.__main__, experiments.launch, experiments.tpu, experiments.slurm, "
+        "experiments.worker, experiments.group; "
+        "from experiments import __main__ as m; m.main(['launch', '--backend=slurm', '--dry-run', '--', "
+        "'--config=configs/base.py', '--workdir=/w']); "
+        "assert 'jax' not in sys.modules and 'jaxlib' not in sys.modules, 'jax imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_launcher_refuses_bad_input_in_one_sentence():
+    cases = [
+        (["launch", "--backend=tpu", "--dry-run", "--", "--workdir=w"], "needs --tpu"),
+        (["launch", "--dry-run", "--", "--config=c.py"], "with --workdir"),
+        (["launch", "--dry-run", "--", "--workdir=w", "--distributed"], "Leave --distributed"),
+        (["launch", "--processes=0", "--", "--workdir=w"], "--processes must be at least 1"),
+        (["frobnicate"], "unknown verb"),
+    ]
+    for argv, message in cases:
+        result = experiments(*argv)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, argv
+
+
+def test_distributed_under_slurm_without_srun_is_refused(tmp_path, data_dir):
+    env = {**env_with_devices(1), "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1"}
+    env.pop("SLURM_STEP_NODELIST", None)
+    workdir = tmp_path / "w"
+    result = subprocess.run(
+        [sys.executable, "-m", "fxformer.train", "--config=configs/default.py", f"--workdir={workdir}",
+         "--distributed"],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
+    assert "started by srun" in result.stderr and "Traceback" not in result.stderr
+    assert not workdir.exists()
+
+
+def local_launch(workdir, data_dir, *launcher_flags, **overrides):
+    """`experiments launch --backend=local --processes=2` of the tiny config, as a running process."""
+    flags = {**TINY, "data.tfds_data_dir": str(data_dir), "data.num_shards": 2, **overrides}
+    argv = [
+        sys.executable, "-m", "experiments", "launch", "--backend=local", "--processes=2", "--grace_s=60",
+        *launcher_flags, "--", "--config=configs/default.py", f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]  # fmt: skip
+    return subprocess.Popen(argv, cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def sigterm_one_process_after(workdir, process, steps):
+    """Wait until `steps` steps are logged, then SIGTERM the training command of process 1 only."""
+    deadline = time.time() + 300
+    while not (workdir / "metrics.jsonl").exists() or max(logged(workdir), default=0) < steps:
+        assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    pid = int((workdir / "logs" / "process_1" / "pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+
+
+def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data_dir, corpus):
+    common = {"num_train_steps": 30}
+    straight = tmp_path / "straight"
+    run_train(straight, data_dir, devices=2, **{"data.num_shards": 2}, **common)  # 2 devices in one process
+
+    workdir = tmp_path / "launched"
+    first = local_launch(workdir, data_dir, **common)
+    sigterm_one_process_after(workdir, first, 3)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == exitcodes.STOPPED, err[-3000:]  # not 0: the run is not finished
+    assert "2 devices (cpu) in 2 process(es)" in out
+    stopped_at = max(logged(workdir))
+    assert 3 <= stopped_at < 30
+    assert (workdir / "checkpoints" / str(stopped_at)).is_dir()  # saved at the step both processes agreed on
+
+    second = local_launch(workdir, data_dir, "--retries=1", **common)  # pre-empted again: relaunched by itself
+    sigterm_one_process_after(workdir, second, stopped_at + 3)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == exitcodes.OK, err[-3000:]
+    assert "relaunching (1 of 1)" in err and out.count("resumed from") == 2
+    a, b = logged(straight), logged(workdir)
+    assert sorted(b) == list(range(1, 31))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5), step
+    for i in range(2):
+        assert "fxformer.train" in (workdir / "logs" / f"process_{i}" / "worker.log").read_text()

@@ -1,0 +1,91 @@
+"""A gs:// workdir stays a URL all the way to every reader and writer, offline.
+
+An in-memory filesystem is registered with fsspec for `gs://` (etils.epath's backend for it), so
+config.json, the tokenizer copy, metrics.jsonl, TensorBoard events and evaluation outputs really
+go through epath into the fake bucket. orbax writes arrays with TensorStore's own GCS driver,
+which needs a real bucket: there the directories handed to orbax are recorded (and redirected to
+a local mirror so the run can go on).
+"""
+
+import json
+
+import fsspec
+import orbax.checkpoint as ocp
+import pytest
+from conftest import TINY, small_config
+from etils import epath
+from fsspec.implementations.memory import MemoryFileSystem
+from test_train import read_tensorboard_scalars
+
+from configs import with_overrides
+from fxformer import evaluate, paths, train
+
+
+class FakeBucket(MemoryFileSystem):
+    """gs://bucket/key -> an in-memory store keyed 'bucket/key'."""
+
+    protocol = ("gs", "gcs")
+    store: dict = {}
+    pseudo_dirs = [""]
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = fsspec.utils.stringify_path(path)
+        for prefix in ("gs://", "gcs://"):
+            path = path.removeprefix(prefix)
+        return path.rstrip("/")
+
+
+@pytest.fixture
+def fake_gcs(monkeypatch, tmp_path):
+    """A fresh fake bucket behind gs://, and the directories handed to orbax."""
+    FakeBucket.store, FakeBucket.pseudo_dirs = {}, [""]
+    for scheme in ("gs", "gcs"):
+        fsspec.register_implementation(scheme, FakeBucket, clobber=True)
+    epath.backend.fsspec_backend._get_filesystem.cache_clear()
+    handed, real = [], ocp.CheckpointManager
+
+    def recording(directory, *args, **kwargs):
+        handed.append(str(directory))
+        epath.Path(directory).mkdir(parents=True, exist_ok=True)  # as orbax does in a real bucket
+        return real(tmp_path / "mirror" / str(directory).removeprefix("gs://"), *args, **kwargs)
+
+    monkeypatch.setattr(ocp, "CheckpointManager", recording)
+    return handed
+
+
+def test_paths_keep_urls_and_expand_home():
+    assert str(paths.as_path("gs://bucket/runs/base") / "checkpoints") == "gs://bucket/runs/base/checkpoints"
+    assert str(paths.absolute("gs://bucket/x")) == "gs://bucket/x"
+    assert not str(paths.as_path("~/runs")).startswith("~")
+    run = paths.Workdir("gs://b/r")
+    assert [str(p) for p in (run.config, run.tokenizer, run.checkpoints, run.averaged(5), run.eval)] == [
+        "gs://b/r/config.json", "gs://b/r/tokenizer.model", "gs://b/r/checkpoints", "gs://b/r/averaged/last5",
+        "gs://b/r/eval",
+    ]  # fmt: skip
+
+
+def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypatch, tmp_path, data_dir, corpus):
+    config = with_overrides(small_config(data_dir), {**TINY, "num_train_steps": 4, "checkpoint_every_steps": 2})
+    monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
+    train.train_and_evaluate(config, "gs://bucket/runs/tiny", log=lambda *a, **k: None)
+    results = evaluate.evaluate("gs://bucket/runs/tiny", split="test", limit=8, average_last=2, log=lambda *a: None)
+
+    assert fake_gcs == ["gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/checkpoints",
+                        "gs://bucket/runs/tiny/averaged/last2"]  # fmt: skip
+    files = set(FakeBucket.store)
+    for name in ("config.json", "tokenizer.model", "metrics.jsonl", "eval/test-4-avg2-first8.json",
+                 "eval/test-4-avg2-first8.hyp.txt", "eval/test-4-avg2-first8.ref.txt"):  # fmt: skip
+        assert f"bucket/runs/tiny/{name}" in files, name
+    bucket = epath.Path("gs://bucket/runs/tiny")
+    assert json.loads((bucket / "config.json").read_text())["num_train_steps"] == 4
+    metrics = [json.loads(line) for line in (bucket / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    events = read_tensorboard_scalars(bucket / "tensorboard", "loss")
+    assert sorted(events) == [1, 2, 3, 4]
+    assert events[4] == pytest.approx(metrics[-1]["loss"], rel=1e-6)
+    saved = json.loads((bucket / "eval" / "test-4-avg2-first8.json").read_text())
+    assert saved["bleu"] == results["bleu"] and saved["checkpoint_steps"] == [2, 4]
+    assert results["path"] == "gs://bucket/runs/tiny/eval/test-4-avg2-first8.json"
+    assert not list(tmp_path.rglob("gs:*")) and not list(tmp_path.rglob("bucket/runs/tiny/config.json"))
