@@ -73,7 +73,7 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
         raise LaunchError("Give fxformer.train's flags after --, with --workdir: -- --config=C --workdir=W.")
     if any(f == "--distributed" or f.startswith(("--coordinator_address", "--process_id")) for f in train_flags):
         raise LaunchError("Leave --distributed and the cluster flags to the launcher; it adds them per backend.")
-    name = args.name or (workdir.rstrip("/").rsplit("/", 1)[-1] if workdir else "")
+    name = args.name or (workdir.rstrip("/").rsplit("/", 1)[-1] if workdir else "") or args.default_name
     if not name:
         raise LaunchError("Give --name=<run name> (or the run's --workdir after --) to say which run.")
     if args.logdir:
@@ -218,6 +218,7 @@ def main(verb: str, argv: list[str]) -> int:
     )
     add_flags(p)
     args = p.parse_args(ours)
+    args.default_name = "setup" if verb == "setup" else ""  # setting up machines concerns no run
     if args.retries < 0:
         raise LaunchError(f"--retries must be at least 0, not {args.retries}.")
     job = job_from_args(args, train_flags, need_flags=verb == "launch")

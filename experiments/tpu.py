@@ -20,7 +20,7 @@ from experiments.group import LaunchError, say
 from experiments.launch import Job, run_commands
 
 REPO = Path(__file__).resolve().parent.parent
-CODE, VENV, RUNS = "~/fxformer", "../fxformer-venv", "../fxformer-runs"  # VENV, RUNS: seen from CODE
+CODE, VENV, RUNS = "~/fxformer", "../fxformer-venv", "../fxformer-runs"  # VENV, RUNS: seen from CODE (~/...)
 ARCHIVE = "fxformer-src.tar.gz"
 
 
@@ -94,7 +94,7 @@ class Tpu:
     def setup_command(self) -> list[str]:
         """An idempotent venv on every worker: created once, pip run again only when requirements change."""
         stamp = f"{VENV}/.fxformer-requirements"
-        install = f"{VENV}/bin/pip install -q -r requirements.txt {shlex.quote(jax_tpu_requirement())}"
+        install = f'{VENV}/bin/pip install -q -r requirements.txt "{jax_tpu_requirement()}"'
         return self.ssh("all", (
             f"cd {CODE} && (test -x {VENV}/bin/python || python3 -m venv {VENV}) && "
             f'want=$(sha256sum requirements.txt | cut -c1-16) && '
@@ -162,8 +162,10 @@ class Tpu:
         return 0
 
     def logs(self, job: Job, dry_run: bool) -> int:
-        n = self.args.workers if dry_run and self.args.workers else self.workers()
-        fetch = [self.gcloud("scp", f"{self.args.tpu}:{self.rundir(job).removeprefix('~/')}/worker.log",
+        if dry_run and not self.args.workers:
+            raise LaunchError("Give --workers=<hosts in the slice> with --dry-run, or leave --dry-run out.")
+        n = self.workers()
+        fetch = [self.gcloud("scp", f"{self.args.tpu}:fxformer-runs/{job.name}/worker.log",
                              str(job.logdir / f"worker_{i}.log"), f"--worker={i}") for i in range(n)]  # fmt: skip
         run_commands([["mkdir", "-p", str(job.logdir)], *fetch], dry_run, check=False)
         if not dry_run:
