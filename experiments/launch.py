@@ -57,13 +57,10 @@ class Job:
     def worker_flags(self, rundir: str, cluster_flags: list[str]) -> list[str]:
         """The flags of `python -m experiments.worker` that run this job on one host."""
         flags = [f"--rundir={rundir}"]
-        if cluster_flags:
-            flags.append(f"--cluster_flags={shlex.join(cluster_flags)}")
         if self.evaluate:
-            flags.append("--evaluate")
-            if self.eval_flags:
-                flags.append(f"--eval_flags={shlex.join(self.eval_flags)}")
-        return [*flags, "--", *self.train_flags]
+            evaluate = ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
+            flags.append(f"--then={shlex.join(evaluate)}")
+        return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
 
 
 def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: bool) -> Job:

@@ -1,10 +1,10 @@
 """The launcher's hands on one host: run fxformer's commands there, and stop only what it started.
 
-    python -m experiments.worker --rundir=DIR [--cluster_flags=...] [--evaluate] -- <fxformer.train flags>
+    python -m experiments.worker --rundir=DIR [--then='fxformer.evaluate --workdir=W'] -- fxformer.train <flags>
     python -m experiments.worker --rundir=DIR --stop
 
-Runs `fxformer.train` with the given flags (then `fxformer.evaluate` on the same workdir if
-asked and training finished), each in its own session with its output appended to
+Runs `python -m <the module and flags after -->` (then the `--then` command, if given and the
+first finished with status 0), each in its own session with its output appended to
 DIR/worker.log, which this process follows on stdout. DIR/pid names the command running now:
 `--stop` sends SIGTERM to that process alone (it saves and exits 75), never `pkill python`.
 SIGTERM or Ctrl-C to this process is forwarded the same way; a lost ssh connection (SIGHUP)
@@ -37,16 +37,6 @@ def flag_value(flags: list[str], name: str) -> str | None:
         elif flag == f"--{name}" and i + 1 < len(flags):
             value = flags[i + 1]
     return value
-
-
-def commands(train_flags: list[str], cluster_flags: list[str], evaluate: bool, eval_flags: list[str]) -> list[list]:
-    """The fxformer command lines one host runs, in order."""
-    python = [sys.executable, "-m"]
-    out = [[*python, "fxformer.train", *train_flags, *cluster_flags]]
-    if evaluate:
-        workdir = flag_value(train_flags, "workdir")
-        out.append([*python, "fxformer.evaluate", f"--workdir={workdir}", *eval_flags, *cluster_flags])
-    return out
 
 
 def running_pid(rundir: Path) -> int | None:
@@ -125,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--rundir", required=True, help="where this host keeps worker.log and pid")
-    p.add_argument("--cluster_flags", default="", help="flags that join the cluster, added to every command")
-    p.add_argument("--evaluate", action="store_true", help="run fxformer.evaluate after training finished")
-    p.add_argument("--eval_flags", default="", help="more flags for fxformer.evaluate")
+    p.add_argument("--then", default="", help="a second fxformer command (module and flags) to run after the first")
     p.add_argument("--stop", action="store_true", help="SIGTERM the command this rundir's worker started")
     p.add_argument("--kill", action="store_true", help="with --stop: SIGKILL instead (a process that hangs)")
     args = p.parse_args(ours)
@@ -136,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         sig = signal.SIGKILL if args.kill else signal.SIGTERM
         print(f"worker: {'stopping' if stop(rundir, sig) else 'nothing running in'} {rundir}")
         return exitcodes.OK
-    if not train_flags:
-        p.error("give the fxformer.train flags after --")
+    if not train_flags or not train_flags[0].startswith("fxformer."):
+        p.error("give the fxformer command after --, e.g. -- fxformer.train --config=C --workdir=W")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a lost ssh connection leaves the run going
-    lines = commands(train_flags, shlex.split(args.cluster_flags), args.evaluate, shlex.split(args.eval_flags))
-    return run(rundir, lines)
+    commands = [train_flags] + ([shlex.split(args.then)] if args.then else [])
+    return run(rundir, [[sys.executable, "-m", *command] for command in commands])
 
 
 if __name__ == "__main__":

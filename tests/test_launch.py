@@ -55,8 +55,11 @@ def test_tpu_dry_run_matches_golden_file():
     assert [f"--worker={i} " in line for i, line in enumerate(runs)] == [True] * 4
     for i, line in enumerate(runs):  # the flags reach fxformer.train unchanged, the URL intact, with --distributed
         assert "gcloud compute tpus tpu-vm ssh my-v4-32" in line
-        assert "--cluster_flags=--distributed --evaluate --eval_flags=--split=validation" in line
-        tail = f" -- --config=configs/base.py --workdir=gs://bucket/runs/base' > logs/base/worker_{i}.log 2>&1 &"
+        assert "--then=fxformer.evaluate --distributed --workdir=gs://bucket/runs/base --split=validation" in line
+        tail = (
+            " -- fxformer.train --distributed --config=configs/base.py --workdir=gs://bucket/runs/base'"
+            f" > logs/base/worker_{i}.log 2>&1 &"
+        )
         assert line.endswith(tail)
 
 
