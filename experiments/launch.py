@@ -93,6 +93,7 @@ class Local:
         if args.processes < 1:
             raise LaunchError(f"--processes must be at least 1, not {args.processes}.")
         self.processes, self.grace_s, self.port = args.processes, args.grace_s, args.port
+        self.group: group.Group | None = None  # the running launch, if any
 
     def rundir(self, job: Job, i: int) -> Path:
         return job.logdir / f"process_{i}"
@@ -118,12 +119,11 @@ class Local:
             return exitcodes.OK
         for i in range(self.processes):
             say(f"process {i}: log {self.rundir(job, i) / 'worker.log'}")
-        run = group.Group(
+        self.group = group.Group(
             lambda: self.signal(job, signal.SIGTERM), lambda: self.signal(job, signal.SIGKILL), self.grace_s
         )
-        self.group = run
         # each worker writes its own log: take process 0's output to the console, drop the rest
-        return run.run(argvs, [None] * self.processes)
+        return self.group.run(argvs, [None] * self.processes)
 
     def signal(self, job: Job, sig: signal.Signals) -> None:
         """Send `sig` to the fxformer command each process's worker runs now (only those)."""
@@ -224,7 +224,7 @@ def main(verb: str, argv: list[str]) -> int:
         return getattr(backend, verb)(job, args.dry_run)
     for attempt in range(args.retries + 1):
         status = backend.launch(job, args.dry_run)
-        interrupted = getattr(getattr(backend, "group", None), "interrupted", False)
+        interrupted = backend.group is not None and backend.group.interrupted
         if status != exitcodes.STOPPED or attempt == args.retries or interrupted:
             break
         say(f"the run stopped before its last step (status 75); relaunching ({attempt + 1} of {args.retries})")

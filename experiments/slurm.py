@@ -69,6 +69,7 @@ class Slurm:
         if args.nodes < 1 or args.gpus_per_node < 1:
             raise LaunchError("--nodes and --gpus_per_node must be at least 1.")
         self.args = args
+        self.group = None  # sbatch returns at once: nothing runs here
 
     def script(self, job: Job) -> str:
         a = self.args

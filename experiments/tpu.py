@@ -37,7 +37,7 @@ class Tpu:
         if not args.tpu or not args.zone:
             raise LaunchError("The tpu backend needs --tpu=<TPU VM name> and --zone=<zone>.")
         self.args = args
-        self.group: group.Group | None = None
+        self.group: group.Group | None = None  # the running launch, if any
 
     # -- gcloud command lines ------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class Tpu:
         if dry_run:
             return self.print_launch(job)
         n = self.workers()
-        run_commands(self.sync_commands(job, dry_run), dry_run)
+        run_commands(self.sync_commands(job, False), False)
         argvs = [self.run_command(job, i) for i in range(n)]
         logs = [job.logdir / f"worker_{i}.log" for i in range(n)]
         group.which("gcloud")

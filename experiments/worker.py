@@ -25,8 +25,6 @@ from pathlib import Path
 
 from fxformer import exitcodes
 
-RUN_FILES = ("worker.log", "pid")
-
 
 def flag_value(flags: list[str], name: str) -> str | None:
     """The value of `--name=v` or `--name v` in `flags` (the last one given), else None."""

@@ -17,8 +17,8 @@ def tokenizer_for(
 
     A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
     """
-    if workdir is not None and paths.Workdir(workdir).tokenizer.exists():
-        return Tokenizer(paths.Workdir(workdir).tokenizer)
+    if workdir is not None and (copy := paths.Workdir(workdir).tokenizer).exists():
+        return Tokenizer(copy)
     source = corpora.data_source(builder, data.train_split)
 
     def sentences():
