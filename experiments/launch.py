@@ -42,13 +42,15 @@ VERBS = {
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One run: fxformer.train's flags, then optionally fxformer.evaluate on the same workdir."""
+    """One run: fxformer.train's flags, then optionally fxformer.evaluate on the same workdir
+    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row)."""
 
     name: str
     train_flags: tuple[str, ...]
     evaluate: bool = False
     eval_flags: tuple[str, ...] = ()
     logdir: Path = Path("logs")
+    train: bool = True
 
     @property
     def workdir(self) -> str:
@@ -57,8 +59,10 @@ class Job:
     def worker_flags(self, rundir: str, cluster_flags: list[str]) -> list[str]:
         """The flags of `python -m experiments.worker` that run this job on one host."""
         flags = [f"--rundir={rundir}"]
+        evaluate = ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
+        if not self.train:
+            return [*flags, "--", *evaluate]
         if self.evaluate:
-            evaluate = ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
             flags.append(f"--then={shlex.join(evaluate)}")
         return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
 
@@ -164,13 +168,18 @@ def free_port() -> int:
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """The flags of every launcher verb; each backend reads its own."""
-    p.add_argument("--backend", choices=["local", "tpu", "slurm"], default="local", help="where to run (local)")
     p.add_argument("--name", default="", help="run name (default: the last part of --workdir)")
     p.add_argument("--logdir", default="", help="local log directory (default: W/logs, or logs/<name> for a URL)")
-    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print, run nothing")
     p.add_argument("--retries", type=int, default=0, help="relaunch a run stopped by a pre-emption up to K times")
     p.add_argument("--evaluate", action="store_true", help="run fxformer.evaluate --workdir=W after training")
     p.add_argument("--eval_flags", default="", help="more fxformer.evaluate flags, e.g. '--split=validation'")
+    add_backend_flags(p)
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """Where runs go, and each backend's own flags (shared by launch and the sweep verbs)."""
+    p.add_argument("--backend", choices=["local", "tpu", "slurm"], default="local", help="where to run (local)")
+    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="print, run nothing")
     p.add_argument("--grace_s", type=float, default=120.0, help="seconds to let processes save before a kill")
     local = p.add_argument_group("local backend")
     local.add_argument("--processes", type=int, default=1, help="processes on this machine (loopback coordinator)")

@@ -177,6 +177,8 @@ def evaluate(
         "alpha": alpha,
         "sacrebleu": str(score),
         "signature": str(bleu.get_signature()),
+        "num_params": sum(x.size for x in jax.tree.leaves(params)),
+        "devices": jax.device_count(),
     }
     if jax.process_index() == 0:
         out = workdir.eval

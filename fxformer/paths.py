@@ -54,7 +54,8 @@ def write_atomic(path: PathLike, data: str | bytes) -> None:
 @dataclasses.dataclass(frozen=True)
 class Workdir:
     """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
-    `W/averaged/last<k>/<step>`, `W/eval/`, `W/metrics.jsonl`, `W/tensorboard/`."""
+    `W/averaged/last<k>/<step>`, `W/eval/`, `W/metrics.jsonl`, `W/tensorboard/`, and
+    `W/sweep.json` when a sweep runs it (experiments/rowstate.py)."""
 
     root: epath.Path
 
@@ -100,3 +101,13 @@ class Workdir:
     def tensorboard(self) -> epath.Path:
         """TensorBoard event files."""
         return self.root / "tensorboard"
+
+    @property
+    def run_info(self) -> epath.Path:
+        """Where and how the last training attempt ran: devices, processes, parameters, batch."""
+        return self.root / "run.json"
+
+    @property
+    def sweep_status(self) -> epath.Path:
+        """A sweep's record of this run: attempts, its config, who runs it now (a lease)."""
+        return self.root / "sweep.json"

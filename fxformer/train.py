@@ -306,6 +306,11 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {accum} micro-batch(es)"
     )
+    if jax.process_index() == 0:
+        info = {"devices": jax.device_count(), "platform": jax.devices()[0].platform, "num_params": num_params,
+                "processes": jax.process_count(), "rows_per_step": rows, "max_length": config.data.max_length,
+                "tokens_per_batch": config.data.tokens_per_batch, "start_step": start_step}  # fmt: skip
+        paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
