@@ -174,8 +174,10 @@ def sweep(profile: str = "paper") -> dict:
         "baseline": "base",
         "columns": COLUMNS,
         "metrics": {"ppl": "lower", "bleu": "higher"},
-        "reference": {row: {"ppl": ppl, "bleu": bleu, "params": params and params * 1e6}
-                      for row, (ppl, bleu, params) in PAPER.items()},  # fmt: skip
+        "reference": {
+            row: {"ppl": ppl, "bleu": bleu, "params": params and params * 1e6}
+            for row, (ppl, bleu, params) in PAPER.items()
+        },  # fmt: skip
         # dev = newstest2013 for WMT, beam 4, alpha 0.6, no checkpoint averaging
         "eval_flags": ["--split=validation", "--average_last=1", "--beam_size=4", "--alpha=0.6"],
     }

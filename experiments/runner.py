@@ -21,9 +21,7 @@ import json
 import shlex
 import signal
 import subprocess
-import sys
 import time
-
 from pathlib import Path
 
 from experiments import launch, rowstate
@@ -58,6 +56,7 @@ def parser(verb: str) -> argparse.ArgumentParser:
     p.add_argument("--move_changed", action="store_true", help="move runs with a changed config aside, start over")
     p.add_argument("--lease_s", type=float, default=rowstate.DEFAULT_LEASE_S,
                    help="a row whose owner's heartbeat is older than this is taken over (300)")  # fmt: skip
+    p.add_argument("--out", default="", help="collect, plot: where the files go (default: R/results)")
     launch.add_backend_flags(p)
     return p
 
@@ -261,11 +260,13 @@ def run_row(ctx: Context, run, backend, wanted: dict, code: str, prefix: str, et
             say(f"{prefix}: {state} by {row.holder(args.lease_s)}; left alone")
             return "elsewhere"
         if state == "failed" and row.attempts >= args.max_attempts and not args.retry_failed:
-            say(f"{prefix}: failed {row.attempts} times (see {ctx.job(run).logdir}); skipped: --retry_failed tries again")
+            logdir = ctx.job(run).logdir
+            say(f"{prefix}: failed {row.attempts} times (see {logdir}); skipped: --retry_failed tries again")
             return "failed"
         train = state != "trained"
-        what = "evaluate" if not train else f"resume from step {row.step}" if row.checkpoint_steps else "train"
-        say(f"{prefix}: {what} (step {row.step}/{total}, attempt {row.attempts + 1}){eta}")
+        saved = max(row.checkpoint_steps, default=0)  # where training goes on from
+        what = "evaluate" if not train else f"resume from step {saved}" if saved else "train"
+        say(f"{prefix}: {what} (step {saved}/{total}, attempt {row.attempts + 1}){eta}")
         job = ctx.job(run, train)
         if args.dry_run:
             backend.launch(job, True)
@@ -276,7 +277,7 @@ def run_row(ctx: Context, run, backend, wanted: dict, code: str, prefix: str, et
         if not lease.claim():
             say(f"{prefix}: another launcher claimed it just now; left alone")
             return "elsewhere"
-        lease.update(state="running", attempts=row.attempts + 1, started=time.time(), start_step=row.step)
+        lease.update(state="running", attempts=row.attempts + 1, started=time.time(), start_step=saved)
         result = None
         try:
             result = backend.launch(job, False)

@@ -7,8 +7,11 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 
+import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from etils import epath  # noqa: E402
+from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from fxformer import cli  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
@@ -31,6 +34,32 @@ def small_config(data_dir, **data_overrides):
     for key, value in {**SMALL_DATA, "tfds_data_dir": str(data_dir), **data_overrides}.items():
         config.data[key] = value
     return config
+
+
+class FakeBucket(MemoryFileSystem):
+    """gs://bucket/key -> an in-memory store keyed 'bucket/key': a local stand-in for a bucket."""
+
+    protocol = ("gs", "gcs")
+    store: dict = {}
+    pseudo_dirs = [""]
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = fsspec.utils.stringify_path(path)
+        for prefix in ("gs://", "gcs://"):
+            path = path.removeprefix(prefix)
+        return path.rstrip("/")
+
+
+@pytest.fixture
+def fake_bucket():
+    """A fresh, empty fake bucket behind gs:// (through fsspec, etils.epath's backend)."""
+    FakeBucket.store, FakeBucket.pseudo_dirs = {}, [""]
+    for scheme in ("gs", "gcs"):
+        fsspec.register_implementation(scheme, FakeBucket, clobber=True)
+    epath.backend.fsspec_backend._get_filesystem.cache_clear()
+    return FakeBucket
 
 
 @pytest.fixture(scope="session")

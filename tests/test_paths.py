@@ -9,41 +9,19 @@ a local mirror so the run can go on).
 
 import json
 
-import fsspec
 import orbax.checkpoint as ocp
 import pytest
-from conftest import TINY, small_config
+from conftest import TINY, FakeBucket, small_config
 from etils import epath
-from fsspec.implementations.memory import MemoryFileSystem
 from test_train import read_tensorboard_scalars
 
 from configs import with_overrides
 from fxformer import evaluate, paths, train
 
 
-class FakeBucket(MemoryFileSystem):
-    """gs://bucket/key -> an in-memory store keyed 'bucket/key'."""
-
-    protocol = ("gs", "gcs")
-    store: dict = {}
-    pseudo_dirs = [""]
-    root_marker = ""
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = fsspec.utils.stringify_path(path)
-        for prefix in ("gs://", "gcs://"):
-            path = path.removeprefix(prefix)
-        return path.rstrip("/")
-
-
 @pytest.fixture
-def fake_gcs(monkeypatch, tmp_path):
+def fake_gcs(fake_bucket, monkeypatch, tmp_path):
     """A fresh fake bucket behind gs://, and the directories handed to orbax."""
-    FakeBucket.store, FakeBucket.pseudo_dirs = {}, [""]
-    for scheme in ("gs", "gcs"):
-        fsspec.register_implementation(scheme, FakeBucket, clobber=True)
-    epath.backend.fsspec_backend._get_filesystem.cache_clear()
     handed, real = [], ocp.CheckpointManager
 
     def recording(directory, *args, **kwargs):

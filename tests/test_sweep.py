@@ -1,0 +1,288 @@
+"""Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, refuse a changed
+config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of an uninterrupted
+row, leases, and golden dry-runs of one row on the tpu and slurm backends.
+
+Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_sweep.py`.
+"""
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_launch import check_golden, head_commit
+
+from experiments import __main__ as experiments_main
+from experiments import rowstate, runner
+from experiments import sweep as sweeps
+from fxformer import exitcodes, paths
+
+REPO = Path(__file__).resolve().parent.parent
+TABLE3_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", *(f"C{i}" for i in range(1, 8)),
+               "D1", "D2", "D3", "D4", "E", "big"]  # fmt: skip
+
+
+def sweep_command(*argv, data_dir=None, extra=()):
+    tail = ["--", f"--config.data.tfds_data_dir={data_dir}", *extra] if data_dir else []
+    return [sys.executable, "-m", "experiments", *argv, *tail]
+
+
+def experiments(*argv, data_dir=None, extra=(), **kwargs):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(sweep_command(*argv, data_dir=data_dir, extra=extra), cwd=REPO, env=env,
+                          capture_output=True, text=True, **kwargs)  # fmt: skip
+
+
+def losses(workdir: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if "loss" in line}
+
+
+# ---------------------------------------------------------------------------------------------
+# The description
+
+
+def test_plan_lists_every_table3_row_in_the_papers_layout():
+    result = experiments("plan", "table3")
+    assert result.returncode == 0, result.stderr
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in table[1:]] == TABLE3_ROWS
+    header = [c.strip() for c in table[0].split("|")[1:-1]]
+    assert header[:10] == ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "positions"]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in table[1:]}
+    assert cells["base"][1:4] == ["6", "512", "2048"]
+    assert cells["B1"][1:] == ["", "", "", "", "16", "", "", "", "", "", "5.16", "25.10", "58"]  # blank = base's
+    assert cells["big"][2:5] == ["1024", "4096", "16"] and cells["big"][10] == "300000"
+    assert "--config=configs/table3.py:C4,paper" in result.stdout
+
+
+def test_profiles_keep_each_rows_change_relative_to_base():
+    from configs import table3
+
+    for row in table3.ROWS:
+        paper, mini = table3.get_config(row), table3.get_config(f"{row},mini")
+        base_paper, base_mini = table3.get_config("base"), table3.get_config("base,mini")
+        for key, scale in (("d_model", 4), ("d_ff", 4), ("d_k", 4), ("d_v", 4), ("num_layers", 2)):
+            assert paper.model[key] == scale * mini.model[key], (row, key)
+        assert paper.model.num_heads == mini.model.num_heads and paper.label_smoothing == mini.label_smoothing
+        assert paper.num_train_steps / base_paper.num_train_steps == mini.num_train_steps / base_mini.num_train_steps
+        assert mini.data.dataset == "embedded" and mini.average_last == paper.average_last == 1
+    with pytest.raises(ValueError, match="profile"):
+        table3.get_config("B1,huge")
+
+
+def test_grids_product_and_zip():
+    heads = sweeps.axis("model.num_heads", [4, 8])
+    seeds = sweeps.axis("seed", [0, 1])
+    assert sweeps.product(heads, seeds) == [
+        {"model.num_heads": h, "seed": s} for h in (4, 8) for s in (0, 1)
+    ]  # fmt: skip
+    assert sweeps.zipit(heads, seeds) == [{"model.num_heads": 4, "seed": 0}, {"model.num_heads": 8, "seed": 1}]
+    runs = sweeps.from_dict("g", "paper", {"runs": sweeps.grid("configs/default.py", sweeps.zipit(heads, seeds))})
+    assert [r.name for r in runs.runs] == ["num_heads=4,seed=0", "num_heads=8,seed=1"]
+    assert runs.runs[1].resolved()["model"]["num_heads"] == 8 and runs.runs[1].resolved()["seed"] == 1
+    assert [r.name for r in sweeps.load("table3", "mini").select("A*,base")] == ["base", "A1", "A2", "A3", "A4"]
+    with pytest.raises(sweeps.LaunchError, match="matches no run"):
+        sweeps.load("table3", "mini").select("Z9")
+
+
+def test_first_difference_ignores_fields_only_one_side_has():
+    old = {"model": {"d_k": 16, "d_v": 16}, "seed": 0}
+    assert runner.first_difference(old, {"model": {"d_k": 32, "d_v": 16}, "seed": 0}) == ("model.d_k", 16, 32)
+    assert runner.first_difference(old, {"model": {"d_k": 16, "d_v": 16, "new": 1}, "seed": 0}) is None
+
+
+def test_a_lease_holds_a_row_until_its_heartbeat_is_stale_or_its_process_is_gone(tmp_path):
+    workdir = paths.Workdir(tmp_path / "row")
+    rowstate.write_status(workdir, {"owner": "elsewhere:12", "heartbeat": time.time()})
+    assert rowstate.read(workdir, "validation").state() == "running"
+    rowstate.write_status(workdir, {"owner": "elsewhere:12", "heartbeat": time.time() - 1000})
+    assert rowstate.read(workdir, "validation").state(lease_s=300) == "stopped"  # stale: taken over
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    rowstate.write_status(workdir, {"owner": f"{socket.gethostname()}:{dead.stdout.strip()}", "heartbeat": time.time()})
+    assert rowstate.read(workdir, "validation").state() == "stopped"  # this host, process gone
+    lease = rowstate.Lease(workdir, {"attempts": 1}, every_s=0.1)
+    assert lease.claim()
+    time.sleep(0.35)
+    beat = json.loads(workdir.sweep_status.read_text())["heartbeat"]
+    assert time.time() - beat < 0.3
+    lease.release(state="finished")
+    assert json.loads(workdir.sweep_status.read_text())["owner"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A smoke sweep, end to end
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, data_dir):
+    """Rows base, B1 and E of the smoke profile, run once: (root, the run's output)."""
+    root = tmp_path_factory.mktemp("sweep") / "table3"
+    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=base,B1,E", data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, result
+
+
+def test_smoke_sweep_trains_and_evaluates_each_row_the_papers_way(smoke):
+    root, result = smoke
+    for row in ("base", "B1", "E"):
+        results = json.loads((root / row / "eval" / "validation-8.json").read_text())
+        assert results["split"] == "validation" and results["beam_size"] == 4 and results["alpha"] == 0.6
+        assert results["checkpoint_steps"] == [8]  # no averaging
+        status = json.loads((root / row / "sweep.json").read_text())
+        assert status["state"] == "finished" and status["attempts"] == 1 and status["owner"] is None
+    assert json.loads((root / "B1" / "config.json").read_text())["model"]["d_k"] == 1  # 16 / 16, the smoke scale
+    assert not (root / "A1").exists()
+    assert json.loads((root / "sweep.json").read_text())["profile"] == "smoke"
+
+
+def test_a_second_run_skips_finished_rows(smoke):
+    root, _ = smoke
+    before = {row: (root / row / "metrics.jsonl").stat().st_mtime for row in ("base", "B1", "E")}
+    result = experiments("run", "table3", f"--root={root}", "--only=base,B1,E")  # profile and flags remembered
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("finished (step 8); skipped") == 3
+    assert {row: (root / row / "metrics.jsonl").stat().st_mtime for row in before} == before
+
+
+def test_a_changed_config_is_refused_in_one_sentence(smoke):
+    root, _ = smoke
+    remembered = json.loads((root / "sweep.json").read_text())["extra"]
+    result = experiments("run", "table3", f"--root={root}", "--only=B1", "--", *remembered, "--config.seed=7")
+    assert result.returncode == exitcodes.USER_ERROR
+    assert result.stderr.count("\n") == 1 and "seed=0" in result.stderr and "--move_changed" in result.stderr
+    moved = experiments("run", "table3", f"--root={root}", "--only=B1", "--move_changed", "--dry-run",
+                        "--", *remembered, "--config.seed=7")  # fmt: skip
+    assert moved.returncode == 0 and "moved the old run to B1.old1" in moved.stderr
+    assert (root / "B1").exists()  # a dry run moves nothing
+
+
+def test_a_trained_but_unevaluated_row_is_only_evaluated(smoke):
+    root, _ = smoke
+    for path in (root / "E" / "eval").iterdir():
+        path.unlink()
+    log = root / "E" / "logs" / "process_0" / "worker.log"
+    size = log.stat().st_size
+    result = experiments("run", "table3", f"--root={root}", "--only=E")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "E: evaluate (step 8/8" in result.stderr
+    new = log.read_text()[size:]
+    assert "fxformer.evaluate" in new and "fxformer.train" not in new
+    assert (root / "E" / "eval" / "validation-8.json").exists()
+
+
+def test_collect_on_a_partial_sweep_and_plot(smoke):
+    root, _ = smoke
+    result = experiments("collect", "table3", f"--root={root}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = list(csv.DictReader((root / "results" / "table.csv").open()))
+    assert [r["row"] for r in rows] == TABLE3_ROWS
+    by_row = {r["row"]: r for r in rows}
+    for name in ("base", "B1", "E"):
+        ours = json.loads((root / name / "eval" / "validation-8.json").read_text())
+        assert float(by_row[name]["dev PPL ours"]) == pytest.approx(ours["ppl"], abs=0.006)
+        assert float(by_row[name]["dev BLEU ours"]) == pytest.approx(ours["bleu"], abs=0.006)
+        assert by_row[name]["state"] == "finished" and by_row[name]["steps"] == "8/8"
+    delta = float(by_row["B1"]["dev PPL ours"]) - float(by_row["base"]["dev PPL ours"])
+    assert float(by_row["B1"]["ΔPPL ours"]) == pytest.approx(delta, abs=0.011)
+    assert by_row["B1"]["ΔPPL paper"] == "+0.24" and by_row["B1"]["params paper (M)"] == "58"
+    assert by_row["B1"]["changes vs base"] == "d_k=1"
+    others = [r for r in rows if r["row"] not in ("base", "B1", "E")]
+    assert {r["state"] for r in others} == {"pending"} and {r["dev PPL ours"] for r in others} == {""}
+    table = (root / "results" / "table.md").read_text()
+    assert "nrefs:1|case:mixed" in table and "beam 4, alpha 0.6" in table and "3 of 20 rows finished" in table
+    assert "global batch 256 tokens" in table and "Devices: 1" in table
+
+    result = experiments("plot", "table3", f"--root={root}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in ("delta.png", "params.png", "curves.png"):
+        data = (root / "results" / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_a_row_another_launcher_runs_is_left_alone(tmp_path):
+    root = tmp_path / "t3"
+    rowstate.write_status(paths.Workdir(root / "C1"), {"owner": "another-host:42", "heartbeat": time.time()})
+    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "running by another-host:42; left alone" in result.stderr
+    assert not (root / "C1" / "checkpoints").exists()
+    status = experiments("status", "table3", f"--root={root}", "--only=C1")
+    assert "| C1 | running | 0/8 | 0 |" in status.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopped rows resume exactly
+
+
+LONGER = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5", "--config.log_every_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+    root = tmp_path_factory.mktemp("straight") / "t3"
+    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=base",
+                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return losses(root / "base")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_path, data_dir, uninterrupted):
+    root = tmp_path / "t3"
+    argv = sweep_command("run", "table3", f"--root={root}", "--profile=smoke", "--only=base",
+                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    launcher = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    checkpoints, deadline = root / "base" / "checkpoints", time.time() + 120
+    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
+        assert launcher.poll() is None and time.time() < deadline, "the row ended before it could be stopped"
+        time.sleep(0.1)
+    trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
+    if sig == signal.SIGTERM:
+        launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop
+        assert launcher.wait(timeout=120) == exitcodes.STOPPED
+    else:  # a crash: the launcher and the training process die at once
+        os.kill(launcher.pid, signal.SIGKILL)
+        os.kill(trainer, signal.SIGKILL)
+        launcher.wait()
+    launcher.stdout.close()
+    launcher.stderr.close()
+    stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    assert 10 <= stopped_at < 30
+    result = experiments("run", "table3", f"--root={root}", "--only=base")  # the same sweep again
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resume from step {stopped_at}" in result.stderr
+    assert losses(root / "base") == uninterrupted
+    assert json.loads((root / "base" / "sweep.json").read_text())["attempts"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden dry-runs of one row
+
+
+def test_tpu_dry_run_of_one_row_matches_golden_file(fake_bucket, capsys):
+    status = experiments_main.main(["run", "table3", "--root=gs://bucket/table3", "--only=B1", "--backend=tpu",
+                                    "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--dry-run"])  # fmt: skip
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    text = out.out.replace(head_commit(), "<commit>")
+    check_golden("sweep_table3_B1_tpu.txt", text)
+    assert "B1: train (step 0/100000, attempt 1)" in out.err
+    assert "--config=configs/table3.py:B1,paper --workdir=gs://bucket/table3/B1" in text
+    assert "--then=fxformer.evaluate --distributed --workdir=gs://bucket/table3/B1 --split=validation" in text
+    assert not fake_bucket.store  # a dry run writes nothing
+
+
+def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
+    result = experiments("run", "table3", "--root=/shared/table3", "--only=B1", "--backend=slurm", "--nodes=2",
+                         "--gpus_per_node=8", "--time=24:00:00", "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    check_golden("sweep_table3_B1_slurm.txt", result.stdout)
+    assert "--config=configs/table3.py:B1,paper --workdir=/shared/table3/B1 --distributed" in result.stdout
