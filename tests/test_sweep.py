@@ -286,3 +286,31 @@ def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_slurm.txt", result.stdout)
     assert "--config=configs/table3.py:B1,paper --workdir=/shared/table3/B1 --distributed" in result.stdout
+
+
+def test_a_failing_row_is_retried_up_to_the_limit_then_skipped(tmp_path, data_dir):
+    root = tmp_path / "t3"
+    refused = ["--config.model.max_len=8"]  # fxformer.train refuses it: the row fails each time
+    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1", "--max_attempts=2",
+                         data_dir=data_dir, extra=refused)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.count("C1: exited with status 2") == 2
+    assert json.loads((root / "C1" / "sweep.json").read_text())["attempts"] == 2
+    again = experiments("run", "table3", f"--root={root}", "--only=C1", "--max_attempts=2")
+    assert again.returncode == 1 and "failed 2 times" in again.stderr and "--retry_failed" in again.stderr
+    retried = experiments("run", "table3", f"--root={root}", "--only=C1", "--max_attempts=2", "--retry_failed")
+    assert "attempt 3" in retried.stderr
+    status = experiments("status", "table3", f"--root={root}", "--only=C1")
+    assert "| C1 | failed | 0/8 | 3 |" in status.stdout and "last exit status 2" in status.stdout
+
+
+def test_sweep_verbs_import_no_jax(tmp_path):
+    code = (
+        "import sys; from experiments import __main__ as m; "
+        f"m.main(['plan', 'table3']); m.main(['status', 'table3', '--root={tmp_path}/r']); "
+        f"m.main(['collect', 'table3', '--root={tmp_path}/r']); "
+        "m.main(['run', 'table3', '--backend=slurm', '--only=B1', '--root=/shared/t3', '--dry-run']); "
+        "assert 'jax' not in sys.modules and 'jaxlib' not in sys.modules, 'jax imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
