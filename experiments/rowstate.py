@@ -45,8 +45,10 @@ def _alive_here(owner: str) -> bool | None:
 def _slurm_job_alive(job_id: str) -> bool:
     try:
         out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return True  # cannot ask: assume the scheduler still holds it
+    except OSError:  # no squeue here: not on the cluster, so nothing of ours runs there now
+        return False
+    except subprocess.TimeoutExpired:
+        return True  # the scheduler is slow to answer: assume it still holds the job
     return bool(out.stdout.strip())
 
 
@@ -153,7 +155,7 @@ class Lease:
 
     def claim(self) -> bool:
         """Write our ownership, then read it back: False if another launcher claimed it meanwhile."""
-        self.update(owner=owner_id(), token=self.token, heartbeat=time.time())
+        self.update(owner=owner_id(), token=self.token, heartbeat=time.time(), job_id=None)
         time.sleep(0.5)  # a launcher claiming at the same moment overwrites one of the two writes
         path = paths.Workdir(self.workdir).sweep_status
         if json.loads(path.read_text()).get("token") != self.token:
@@ -179,4 +181,4 @@ class Lease:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self.update(owner=None, token=None, **fields)
+        self.update(**{"owner": None, "token": None, **fields})

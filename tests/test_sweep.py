@@ -314,3 +314,18 @@ def test_sweep_verbs_import_no_jax(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_slurm_row_is_held_while_squeue_lists_its_job(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"  # a stand-in scheduler: job 123 runs, every other job is gone
+    squeue.write_text('#!/bin/sh\n[ "$3" = 123 ] && echo RUNNING\nexit 0\n')
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    workdir = paths.Workdir(tmp_path / "row")
+    rowstate.write_status(workdir, {"owner": "login-node:1", "job_id": "123", "attempts": 1})
+    row = rowstate.read(workdir, "validation")
+    assert row.state() == "submitted" and row.holder() == "slurm job 123"
+    rowstate.write_status(workdir, {"owner": "login-node:1", "job_id": "124", "attempts": 1})
+    assert rowstate.read(workdir, "validation").state() == "stopped"  # ended without results: run again
