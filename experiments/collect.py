@@ -217,8 +217,9 @@ def plot(ctx: Context, runs) -> int:
             ax.bar([i + offset for i in x], [v if v is not None else 0 for v in values], width=0.4, color=color,
                    label=side if side == "paper" else f"ours ({ctx.profile})")  # fmt: skip
         ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_yscale("symlog", linthresh=10)  # a row that failed to train must not flatten the others
         ax.set_xticks(list(x), [r["row"] for r in others])
-        ax.set_ylabel(f"{m.upper()} change vs {sweep.baseline} (%)")
+        ax.set_ylabel(f"{m.upper()} change vs {sweep.baseline} (%, symlog)")
         ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
         ax.legend(fontsize=8)
     fig.suptitle(f"{sweep.name} ({ctx.profile}): change versus {sweep.baseline}, ours beside the paper")
