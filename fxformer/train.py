@@ -139,6 +139,19 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise cli.UserError(
             f"model.max_len ({config.model.max_len}) must cover data.max_length ({config.data.max_length})."
         )
+    if config.data.source_lang == config.data.target_lang:
+        raise cli.UserError(
+            f"data.source_lang and data.target_lang are both {config.data.source_lang!r}; "
+            "a translation needs two different languages."
+        )
+    if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):
+        raise cli.UserError(f"learning_rate_scale must be a positive number, not {config.learning_rate_scale}.")
+    for key in ("adam_b1", "adam_b2"):
+        if not 0 <= config[key] < 1:
+            raise cli.UserError(f"{key} must be in [0, 1), not {config[key]}.")
+    if not config.adam_eps > 0:
+        raise cli.UserError(f"adam_eps must be positive, not {config.adam_eps}.")
+    TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
 
 
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:

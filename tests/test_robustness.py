@@ -1,0 +1,41 @@
+"""Bad input is refused in one sentence before anything is written (issue: nothing lost or surprising)."""
+
+import math
+
+import pytest
+from conftest import train_command
+
+from configs import with_overrides
+from fxformer import cli, exitcodes, train
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"data.source_lang": "de"}, "two different languages"),
+        ({"learning_rate_scale": -1.0}, "learning_rate_scale must be a positive number"),
+        ({"learning_rate_scale": math.nan}, "learning_rate_scale must be a positive number"),
+        ({"learning_rate_scale": math.inf}, "learning_rate_scale must be a positive number"),
+        ({"adam_b2": 1.0}, "adam_b2 must be in [0, 1)"),
+        ({"adam_eps": 0.0}, "adam_eps must be positive"),
+        ({"model.d_model": 33}, "model.d_model must be even"),
+        ({"model.positional": "rotary"}, "model.positional must be"),
+    ],
+)
+def test_check_config_refuses_in_one_sentence(overrides, message):
+    config = with_overrides(cli.load_config("configs/default.py"), overrides)
+    with pytest.raises(cli.UserError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        train.check_config(config)
+
+
+def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
+    import subprocess
+
+    workdir = tmp_path / "w"
+    bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == exitcodes.USER_ERROR and "must be even" in bad.stderr
+    assert not (workdir / "config.json").exists()
+    good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
+                          capture_output=True, text=True)  # fmt: skip
+    assert good.returncode == 0, good.stderr[-2000:]
