@@ -39,3 +39,18 @@ def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_pat
     good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
                           capture_output=True, text=True)  # fmt: skip
     assert good.returncode == 0, good.stderr[-2000:]
+
+
+def test_params_counts_with_the_configs_vocabulary():
+    import subprocess
+    import sys
+
+    from fxformer.params import count_parameters
+
+    config = cli.load_config("configs/default.py")
+    out = subprocess.run([sys.executable, "-m", "fxformer.params", "--config=configs/default.py",
+                          "--config.data.vocab_size=8000"], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    expected = count_parameters(config.model, 8000)
+    assert f"{expected:,} parameters" in out.stdout and "8,000-token" in out.stdout
+    assert expected != count_parameters(config.model, 37000)
