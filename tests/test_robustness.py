@@ -54,3 +54,32 @@ def test_params_counts_with_the_configs_vocabulary():
     expected = count_parameters(config.model, 8000)
     assert f"{expected:,} parameters" in out.stdout and "8,000-token" in out.stdout
     assert expected != count_parameters(config.model, 37000)
+
+
+def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_workdir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import env_with_devices
+
+    from fxformer.translate import split_lines
+
+    assert split_lines("a\fb\u2028c\r\n\nd".encode(), "x") == ["a\fb\u2028c", "", "d"]
+    with pytest.raises(cli.UserError, match="line 2"):
+        split_lines(b"fine\n\xff bad\n", "x")
+
+    command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
+    text = "The dog sees the man.\fToday the woman buys a book.\n\n   \nThe man sees the dog.\n"
+    result = subprocess.run(command, input=text, capture_output=True, text=True, env=env_with_devices(1))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout.split("\n")
+    assert len(out) == 5 and out[1] == "" and out[2] == "" and out[0] and out[3] and out[4] == ""
+
+    bad = subprocess.run(command, input=b"\xff\xfe\n", capture_output=True, env=env_with_devices(1))
+    assert bad.returncode == exitcodes.USER_ERROR and b"not UTF-8" in bad.stderr and b"Traceback" not in bad.stderr
+
+    many = tmp_path / "many.txt"
+    many.write_text("The dog sees the man.\n" * 200)
+    pipe = subprocess.run(f"{' '.join(command)} --input={many} | head -1", shell=True, capture_output=True, text=True,
+                          env=env_with_devices(1))  # fmt: skip
+    assert len(pipe.stdout.splitlines()) == 1 and "Traceback" not in pipe.stderr and "Broken pipe" not in pipe.stderr
