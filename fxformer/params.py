@@ -4,7 +4,8 @@
     python -m fxformer.params --config=configs/big.py
 
 Counts use a shared vocabulary of `--vocab_size` tokens (default: the config's
-data.vocab_size; 37,000, the paper's WMT14 BPE, for --table3) and abstract evaluation (`jax.eval_shape`), so even the big model is counted without memory.
+data.vocab_size; 37,000, the paper's WMT14 BPE, for --table3) and abstract evaluation
+(`jax.eval_shape`), so even the big model is counted without memory.
 """
 
 from __future__ import annotations
