@@ -134,9 +134,21 @@ def parse(
         config = load_config(args.config)
         for key, raw in overrides:
             apply_override(config, key, raw)
+        resolve_derived(config)
     elif overrides:
         raise UserError("Overrides --config.<key>=<value> need a --config file.")
     return args, config
+
+
+def resolve_derived(config: ml_collections.ConfigDict) -> None:
+    """Fill fields derived from others after the overrides (`configs.resolve`: d_k, d_v)."""
+    import configs
+
+    if "model" in config and all(k in config.model for k in ("d_k", "d_v", "d_model", "num_heads")):
+        try:
+            configs.resolve(config)
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
 
 def log_to_stderr(*args, **kwargs) -> None:

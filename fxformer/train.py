@@ -314,8 +314,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         init = jax.jit(functools.partial(create_state, model, tx, config.seed), out_shardings=parallel.replicated(mesh))
         state = init()
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    m = model.config
     log(
-        f"model: {num_params:,} parameters, vocabulary {tokenizer.vocab_size:,}; {jax.device_count()} devices "
+        f"model: N={m.num_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.num_heads} d_k={m.d_k} d_v={m.d_v}, "
+        f"{num_params:,} parameters, vocabulary {tokenizer.vocab_size:,}; {jax.device_count()} devices "
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {accum} micro-batch(es)"
     )

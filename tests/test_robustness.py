@@ -18,7 +18,8 @@ from fxformer import cli, exitcodes, train
         ({"learning_rate_scale": math.inf}, "learning_rate_scale must be a positive number"),
         ({"adam_b2": 1.0}, "adam_b2 must be in [0, 1)"),
         ({"adam_eps": 0.0}, "adam_eps must be positive"),
-        ({"model.d_model": 33}, "model.d_model must be even"),
+        ({"model.d_model": 33, "model.d_k": 8, "model.d_v": 8}, "model.d_model must be even"),
+        ({"model.d_model": 33}, "not divisible by model.num_heads"),
         ({"model.positional": "rotary"}, "model.positional must be"),
     ],
 )
@@ -34,7 +35,7 @@ def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_pat
     workdir = tmp_path / "w"
     bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
                          capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == exitcodes.USER_ERROR and "must be even" in bad.stderr
+    assert bad.returncode == exitcodes.USER_ERROR and "error: model.d_model (33)" in bad.stderr
     assert not (workdir / "config.json").exists()
     good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
                           capture_output=True, text=True)  # fmt: skip
@@ -83,3 +84,18 @@ def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_wo
     pipe = subprocess.run(f"{' '.join(command)} --input={many} | head -1", shell=True, capture_output=True, text=True,
                           env=env_with_devices(1))  # fmt: skip
     assert len(pipe.stdout.splitlines()) == 1 and "Traceback" not in pipe.stderr and "Broken pipe" not in pipe.stderr
+
+
+def test_d_k_and_d_v_follow_d_model_and_heads_unless_set():
+    p = cli.parser("", "test")
+    _, config = cli.parse(p, ["--config=configs/default.py", "--config.model.d_model=256"])
+    assert (config.model.d_k, config.model.d_v) == (256 // config.model.num_heads,) * 2
+    _, config = cli.parse(p, ["--config=configs/base.py", "--config.model.num_heads=16"])
+    assert (config.model.d_k, config.model.d_v) == (32, 32)
+    _, config = cli.parse(p, ["--config=configs/base.py", "--config.model.d_k=16"])
+    assert (config.model.d_k, config.model.d_v) == (16, 64)  # set: kept; the other follows
+    with pytest.raises(cli.UserError, match="not divisible by model.num_heads"):
+        cli.parse(p, ["--config=configs/base.py", "--config.model.num_heads=7"])
+    from configs import table3
+
+    assert [table3.get_config(r).model.d_k for r in ("base", "B1", "C4", "big")] == [64, 16, 32, 64]
