@@ -122,13 +122,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     at_least = {
         "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
         "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
-        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0,
+        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0, "divergence_factor": 0,
         "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
         "data.vocab_size": 8, "data.tokenizer_sentences": 1,
     }  # fmt: skip
     for key, low in at_least.items():
         section, _, leaf = key.rpartition(".")
-        value = (config[section] if section else config)[leaf]
+        node = config[section] if section else config
+        if leaf not in node:  # a field added since an older workdir's config.json was written
+            continue
+        value = node[leaf]
         if value < low:
             raise cli.UserError(f"{key} must be at least {low}, not {value}.")
     if not 0 <= config.label_smoothing < 1:
@@ -233,7 +236,30 @@ AGREE_EVERY = 10  # steps between the processes' stop/save agreements (a tiny co
 
 
 class Diverged(cli.UserError):
-    """The loss stopped being finite."""
+    """The loss stopped being finite, or exploded (`DivergenceWatch`)."""
+
+
+class DivergenceWatch:
+    """Tells a diverged training loss from a healthy one, step by step.
+
+    Diverged: not finite; or, with `factor` > 0, above `factor` x the best loss of this run and
+    2 nats above it, or above 3 x ln(vocabulary) (three times a uniform guess), which catches a
+    run that explodes from its first steps.
+    """
+
+    def __init__(self, factor: float, vocab_size: int):
+        self.factor, self.best = factor, math.inf
+        self.ceiling = 3 * math.log(vocab_size)
+
+    def first_bad(self, losses: list[float]) -> tuple[int, str] | None:
+        """(index, what happened) of the first diverged per-token loss, or None; updates the best."""
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                return i, "became non-finite"
+            if self.factor > 0 and (loss > self.ceiling or (loss > self.factor * self.best and loss > self.best + 2)):
+                return i, f"exploded to {loss:.3g} per token (best so far {self.best:.3g})"
+            self.best = min(self.best, loss)
+        return None
 
 
 class StopRequest:
@@ -331,15 +357,17 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
 
     pending: list[dict] = []  # device metrics of steps not yet logged
+    watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
 
     def flush(step: int) -> dict[str, float]:
-        """Fetch pending metrics. A non-finite loss at step F means the parameters after step
+        """Fetch pending metrics. A diverged loss at step F means the parameters after step
         F - 1 are bad: their checkpoints (and later ones) are removed, and the run stops."""
         fetched = jax.device_get(pending)
         pending.clear()
-        bad = [i for i, m in enumerate(fetched) if not math.isfinite(float(m["loss"]))]
-        if bad:
-            first_bad = step - len(fetched) + 1 + bad[0]
+        found = watch.first_bad([float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in fetched])
+        if found is not None:
+            index, what = found
+            first_bad = step - len(fetched) + 1 + index
             mngr.wait_until_finished()
             for saved in mngr.all_steps():
                 if saved >= first_bad - 1:
@@ -347,7 +375,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             last_good = mngr.latest_step()
             kept = f"the last good checkpoint (step {last_good}) is intact" if last_good else "no checkpoint was kept"
             raise Diverged(
-                f"The training loss became non-finite at step {first_bad}; {kept}: "
+                f"The training loss {what} at step {first_bad}; {kept}: "
                 "lower learning_rate_scale or raise warmup_steps and resume."
             )
         sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}

@@ -1,6 +1,7 @@
 """Bad input is refused in one sentence before anything is written (issue: nothing lost or surprising)."""
 
 import math
+import sys
 
 import pytest
 from conftest import train_command
@@ -99,3 +100,36 @@ def test_d_k_and_d_v_follow_d_model_and_heads_unless_set():
     from configs import table3
 
     assert [table3.get_config(r).model.d_k for r in ("base", "B1", "C4", "big")] == [64, 16, 32, 64]
+
+
+def test_divergence_watch():
+    watch = train.DivergenceWatch(4.0, vocab_size=1000)  # ceiling 3 ln 1000 = 20.7
+    assert watch.first_bad([7.0, 5.0, 3.0, 2.5, 4.0]) is None  # healthy, noisy
+    assert watch.first_bad([2.6, 11.0])[0] == 1  # 4.4 x the best 2.5
+    assert train.DivergenceWatch(4.0, 1000).first_bad([6.9, 6e10])[0] == 1  # from the first steps
+    assert train.DivergenceWatch(4.0, 1000).first_bad([0.2, 0.9]) is None  # 4.5x, but within 2 nats
+    assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
+
+
+def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_it(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices, final_params, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=20, checkpoint_every_steps=5, keep_checkpoints=2)
+    good = final_params(workdir)
+    result = subprocess.run(
+        train_command(workdir, data_dir, num_train_steps=60, checkpoint_every_steps=5, keep_checkpoints=2,
+                      learning_rate_scale=1e6),
+        env=env_with_devices(1), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr
+    assert "The training loss exploded to" in result.stderr or "non-finite" in result.stderr
+    assert "the last good checkpoint (step 20) is intact" in result.stderr
+    assert 20 in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    after = final_params(workdir)
+    assert all((good[k] == after[k]).all() for k in good)
+    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20",
+                                "--limit=5"], env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
