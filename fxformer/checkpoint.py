@@ -37,6 +37,12 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
 
     `data_iterator`, if given, is moved to the saved position.
     """
+    mismatch = shape_mismatch(mngr.directory, step, abstract_state)
+    if mismatch:
+        raise UserError(
+            f"Checkpoint {mngr.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
+            "use the workdir's own tokenizer.model and config, or a new --workdir."
+        )
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
         items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -54,6 +60,28 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
             f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
             "delete that step's directory or pick another with --step."
         ) from None
+
+
+def shape_mismatch(directory, step: int, abstract_state) -> str | None:
+    """How the parameters saved at `step` differ from the model's ('embedding 400 x 32 in the
+    checkpoint vs 300 x 32'), or None when they match or the metadata cannot be read (then the
+    restore itself reports what is wrong)."""
+    try:
+        meta = ocp.PyTreeCheckpointHandler().metadata(paths.absolute(directory) / str(step) / "state")
+        saved_tree = getattr(meta, "tree", meta)["params"]
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore names the damage
+        return None
+    name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)  # noqa: E731
+    saved = {name(p): tuple(leaf.shape) for p, leaf in jax.tree_util.tree_leaves_with_path(saved_tree)}
+    wanted = {name(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
+    size = lambda shape: " x ".join(map(str, shape)) or "a scalar"  # noqa: E731
+    for key, shape in wanted.items():
+        if key not in saved:
+            return f"{key} is not in the checkpoint"
+        if saved[key] != shape:
+            return f"{key} is {size(saved[key])} in the checkpoint vs {size(shape)}"
+    extra = sorted(set(saved) - set(wanted))
+    return f"{extra[0]} is in the checkpoint but not in the model" if extra else None
 
 
 def abstract_like(tree, sharding) -> object:

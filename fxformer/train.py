@@ -337,6 +337,8 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
     else:
+        if workdir.metrics.exists() and workdir.metrics.read_text().strip():
+            log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
         init = jax.jit(functools.partial(create_state, model, tx, config.seed), out_shardings=parallel.replicated(mesh))
         state = init()
     num_params = sum(x.size for x in jax.tree.leaves(state.params))

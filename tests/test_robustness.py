@@ -133,3 +133,36 @@ def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_i
     evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20",
                                 "--limit=5"], env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+
+
+def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(tmp_path, data_dir, corpus):
+    import shutil
+    import subprocess
+
+    from conftest import env_with_devices, run_train, small_config
+
+    from fxformer.data import corpora, tokenizer_for
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    other = small_config(data_dir, vocab_size=300)
+    shutil.copy(tokenizer_for(other.data, corpora.prepare(other.data)).path, workdir / "tokenizer.model")
+    for command in ("fxformer.evaluate", "fxformer.train"):
+        result = subprocess.run([sys.executable, "-m", command, f"--workdir={workdir}"],
+                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
+        assert "holds a different model" in result.stderr and "400 x 32 in the checkpoint vs 300 x 32" in result.stderr
+        assert "delete" not in result.stderr and "Traceback" not in result.stderr
+    assert (workdir / "checkpoints" / "2").exists()
+
+
+def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, corpus):
+    import shutil
+
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    shutil.rmtree(workdir / "checkpoints")
+    again = run_train(workdir, data_dir, num_train_steps=2)
+    assert "has metrics from an earlier run but no checkpoint: training starts from step 0" in again.stdout
