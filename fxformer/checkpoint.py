@@ -24,6 +24,20 @@ def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True)
     return ocp.CheckpointManager(paths.absolute(directory), options=options)
 
 
+TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
+
+
+def remove_unfinished(directory: paths.PathLike, log=print) -> None:
+    """Delete the temporary directories of saves that never finished (a kill during a save)."""
+    directory = paths.as_path(directory)
+    if not directory.exists():
+        return
+    for path in directory.iterdir():
+        if TEMPORARY in path.name:
+            log(f"removing {path}: a save that never finished")
+            path.rmtree() if path.is_dir() else path.unlink()
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
     """Start writing `state` (and the data iterator's position) at `step`; returns before it is written."""
     items = {"state": ocp.args.StandardSave(state)}

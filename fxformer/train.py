@@ -331,6 +331,8 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         corpora.data_source(builder, config.data.eval_split), tokenizer, config.data, dev_limit
     )
 
+    if jax.process_index() == 0:
+        checkpoint.remove_unfinished(workdir.checkpoints, log)
     mngr = checkpoint.manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = mngr.latest_step() or 0
     if start_step:

@@ -166,3 +166,16 @@ def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path,
     shutil.rmtree(workdir / "checkpoints")
     again = run_train(workdir, data_dir, num_train_steps=2)
     assert "has metrics from an earlier run but no checkpoint: training starts from step 0" in again.stdout
+
+
+def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    leftover = workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234567"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "big.bin").write_bytes(b"0" * 1000)
+    again = run_train(workdir, data_dir, num_train_steps=4)
+    assert not leftover.exists() and "a save that never finished" in again.stdout
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
