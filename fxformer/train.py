@@ -122,7 +122,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     at_least = {
         "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
         "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
-        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0, "divergence_factor": 0,
+        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0, "divergence_factor": 0, "train_minutes": 0,
         "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
         "data.vocab_size": 8, "data.tokenizer_sentences": 1,
     }  # fmt: skip
@@ -389,12 +389,16 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         """(save for time, stop for a signal), the same on every process: several processes compare
         their flags every `AGREE_EVERY` steps or log steps (or `now`, a point every process
         reaches), so they always save and stop together, soon after a pre-emption notice."""
-        flags = np.array([time_due, stop.signal is not None])
+        flags = np.array([time_due, stop.signal is not None or out_of_time()])
         if jax.process_count() > 1:
             if step % min(config.log_every_steps, AGREE_EVERY) and not now:
                 return False, False
             flags = multihost_utils.process_allgather(flags).reshape(-1, 2).any(axis=0)
         return bool(flags[0]), bool(flags[1])
+
+    budget_s = 60 * config.get("train_minutes", 0.0)  # older configs lack it
+    started = time.time()
+    out_of_time = lambda: 0 < budget_s <= time.time() - started  # noqa: E731
 
     step = start_step
     last_save = last_console = time.time()
@@ -418,7 +422,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             minutes = config.checkpoint_every_minutes
             time_due, stopping = agree(step, 0 < minutes <= (time.time() - last_save) / 60)
             save_now = step % config.checkpoint_every_steps == 0 or final or time_due or stopping
-            evaluate_now = step % config.eval_every_steps == 0 or final
+            evaluate_now = (step % config.eval_every_steps == 0 and not stopping) or final  # a stop does not wait
             logged = {}
             if step % config.log_every_steps == 0 or evaluate_now or save_now:  # never save unchecked losses
                 tokens["steps"] += len(pending)
@@ -433,13 +437,16 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
                 now = last_console = time.time()
                 tokens_per_step = tokens["seen"] / max(tokens["steps"], 1)
-                log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now))
+                budget_left = budget_s - (now - started) if budget_s else None
+                log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now,
+                                 budget_left))  # fmt: skip
             if save_now:
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
             if stopping:
                 mngr.wait_until_finished()
-                reason = stop.name or "a signal to another process"
+                reason = stop.name or (f"time budget of {budget_s / 60:g} minutes" if out_of_time() else "")
+                reason = reason or "a signal to another process"
                 log(f"{reason}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
     finally:
@@ -457,8 +464,9 @@ def per_token_step(metrics: dict) -> dict[str, float]:
     return {**per_token(fetched), "learning_rate": fetched["learning_rate"]}
 
 
-def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now) -> str:
-    """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA on one line."""
+def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now, budget_left=None) -> str:
+    """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA (to the last step, or to the
+    end of the time budget if that comes first) on one line."""
     parts = [f"step {step}/{total}"]
     if "loss" in m:
         parts += [f"loss {m['loss']:.3f}", f"ppl {m['ppl']:.2f}", f"lr {m['learning_rate']:.2e}"]
@@ -470,7 +478,11 @@ def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now) 
         if tokens_per_step:
             parts.append(f"{tokens_per_step * steps_per_s:,.0f} tgt tok/s")
         parts.append(f"{steps_per_s:.2f} steps/s")
-        parts.append(f"ETA {duration((total - step) / steps_per_s)}")
+        eta = (total - step) / steps_per_s
+        if budget_left is not None and budget_left < eta:
+            parts.append(f"time budget ends in {duration(max(budget_left, 0))} (ETA {duration(eta)})")
+        else:
+            parts.append(f"ETA {duration(eta)}")
     return " | ".join(parts)
 
 

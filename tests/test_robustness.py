@@ -4,7 +4,7 @@ import math
 import sys
 
 import pytest
-from conftest import train_command
+from conftest import logged, train_command
 
 from configs import with_overrides
 from fxformer import cli, exitcodes, train
@@ -179,3 +179,19 @@ def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
     again = run_train(workdir, data_dir, num_train_steps=4)
     assert not leftover.exists() and "a save that never finished" in again.stdout
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
+
+
+def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.1, eval_every_steps=1)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and f"time budget of 0.1 minutes: saved step {saved[0]}" in result.stdout
+    assert "time budget ends in" in result.stdout
+    dev_steps = list(logged(workdir, "dev_ppl"))
+    assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
