@@ -122,7 +122,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     at_least = {
         "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
         "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
-        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0, "divergence_factor": 0, "train_minutes": 0,
+        "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0,
+        "divergence_factor": 0, "train_minutes": 0,
         "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
         "data.vocab_size": 8, "data.tokenizer_sentences": 1,
     }  # fmt: skip
