@@ -40,13 +40,23 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise UserError(f"Config file '{path}' does not exist.")
     module_spec = importlib.util.spec_from_file_location(f"_fxformer_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - a config file that does not even import
+        raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
     if not hasattr(module, "get_config"):
         raise UserError(f"Config file '{path}' has no get_config() function.")
     try:
         config = module.get_config(arg) if arg else module.get_config()
     except ValueError as e:  # config files raise ValueError for a bad argument
         raise UserError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a bug in the config file: name it, in one line
+        raise UserError(f"Config file '{path}' failed in get_config(): {type(e).__name__}: {e}.") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UserError(
+            f"Config file '{path}' must return an ml_collections.ConfigDict from get_config(), "
+            f"not a {type(config).__name__}."
+        )
     return config
 
 

@@ -204,6 +204,8 @@ def inference_parser(description: str, module: str):
 
 def parse_inference_args(p):
     args, _ = cli.parse(p)
+    if args.step < 0 or args.average_last < 0:
+        raise cli.UserError("--step and --average_last must be positive (or left out).")
     if args.step and args.average_last:
         raise cli.UserError("Give --step or --average_last, not both.")
     if args.beam_size < 0 or (args.alpha is not None and args.alpha < 0):

@@ -13,6 +13,8 @@ import os
 
 from etils import epath
 
+from fxformer.cli import UserError
+
 PathLike = str | os.PathLike
 
 
@@ -49,6 +51,17 @@ def write_atomic(path: PathLike, data: str | bytes) -> None:
     with tmp.open(mode) as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+def check_workdir(workdir: PathLike) -> None:
+    """Refuse, in one sentence, a workdir that is a file or lies under one."""
+    path = as_path(workdir)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                what = "is a file" if candidate == path else f"lies under the file {candidate}"
+                raise UserError(f"The workdir {workdir} {what}; give a directory as --workdir.")
+            return
 
 
 @dataclasses.dataclass(frozen=True)

@@ -161,16 +161,26 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir."""
     path = paths.Workdir(workdir).config
+    paths.check_workdir(workdir)
     if not path.exists():
         raise cli.UserError(f"{workdir} has no config.json; is it a training workdir?")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    try:
+        loaded = json.loads(path.read_text())
+        if not isinstance(loaded, dict) or "model" not in loaded:
+            raise ValueError("not a config")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise cli.UserError(
+            f"{path} is damaged ({type(e).__name__}); write it again by training with the run's --config."
+        ) from None
+    return ml_collections.ConfigDict(loaded)
 
 
 def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
     """Record the resolved config; refuse a workdir whose model differs from the config's."""
+    paths.check_workdir(workdir)
     path = paths.Workdir(workdir).config
     if path.exists():
-        old = json.loads(path.read_text())
+        old = load_workdir_config(workdir).to_dict()
         new = json.loads(config.to_json())
         changed = [k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k)]
         if changed:
@@ -493,6 +503,7 @@ def main() -> int:
     parallel.add_cluster_flags(p)
     stop = StopRequest()  # from the start: a pre-emption during data preparation is kept too
     args, config = cli.parse(p)
+    paths.check_workdir(args.workdir)
     workdir = paths.Workdir(args.workdir)
     if config is None:  # resume a run with the config it was started with
         if not workdir.config.exists():

@@ -195,3 +195,36 @@ def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path
     assert "time budget ends in" in result.stdout
     dev_steps = list(logged(workdir, "dev_ppl"))
     assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
+
+
+def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    def run(*argv):
+        result = subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True)
+        assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr[-2000:]
+        return result.stderr.strip()
+
+    for content in ("", "{not json", "[1, 2]"):
+        workdir = tmp_path / f"w{len(content)}"
+        workdir.mkdir()
+        (workdir / "config.json").write_text(content)
+        assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={workdir}")
+        assert "config.json is damaged" in run("fxformer.train", f"--workdir={workdir}")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in run("fxformer.train", "--config=configs/default.py", f"--workdir={a_file}")
+    assert "lies under the file" in run("fxformer.evaluate", f"--workdir={a_file}/w")
+    assert "must be positive" in run("fxformer.evaluate", f"--workdir={tmp_path}", "--average_last=-3")
+
+    raising = tmp_path / "raising.py"
+    raising.write_text("def get_config():\n    return {}['missing']\n")
+    assert "failed in get_config(): KeyError" in run("fxformer.params", f"--config={raising}")
+    a_dict = tmp_path / "a_dict.py"
+    a_dict.write_text("def get_config():\n    return {'model': {}}\n")
+    assert "not a dict" in run("fxformer.params", f"--config={a_dict}")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module\n")
+    assert "failed to load: ModuleNotFoundError" in run("fxformer.params", f"--config={broken}")
