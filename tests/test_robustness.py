@@ -228,3 +228,23 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module\n")
     assert "failed to load: ModuleNotFoundError" in run("fxformer.params", f"--config={broken}")
+
+
+def test_plot_writes_learning_curves(tmp_path):
+    import json as _json
+    import subprocess
+
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        w = tmp_path / name
+        w.mkdir()
+        lines = [{"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9.0 / s} if s % 2 else {})}
+                 for s in range(1, 11)]  # fmt: skip
+        (w / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
+    result = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}",
+                             f"--workdir={tmp_path / 'b'}"], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    png = (tmp_path / "a" / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
