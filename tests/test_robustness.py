@@ -237,7 +237,7 @@ def test_plot_writes_learning_curves(tmp_path):
     for name, scale in (("a", 1.0), ("b", 2.0)):
         w = tmp_path / name
         w.mkdir()
-        lines = [{"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9.0 / s} if s % 2 else {})}
+        lines = [{"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9 / s} if s % 2 else {})}
                  for s in range(1, 11)]  # fmt: skip
         (w / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
     result = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}",
