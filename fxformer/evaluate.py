@@ -31,11 +31,15 @@ from fxformer.model import Transformer
 
 
 def progress(done: int, total: int, start: float, what: str) -> None:
-    """`what: done/total, ETA` on one stderr line, rewritten in place."""
+    """`what: done/total, ETA` on stderr: one line rewritten in place on a terminal; in a log
+    file, a line at every tenth of the work (no carriage returns)."""
     elapsed = time.time() - start
     eta = duration(elapsed / done * (total - done)) if done else "?"
-    end = "\n" if done == total else ""
-    print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        end = "\n" if done == total else ""
+        print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+    elif done == total or done * 10 // total != (done - 1) * 10 // total:
+        print(f"{what}: {done}/{total} ETA {eta}", file=sys.stderr, flush=True)
 
 
 class Restored(NamedTuple):
@@ -160,12 +164,14 @@ def evaluate(
     )
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hypotheses, [references])
+    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
 
     name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
     if n < len(source):
         name += f"-first{n}"  # a partial evaluation never overwrites the full one
     results = {
         "bleu": score.score,
+        "chrf": chrf.score,
         "ppl": losses["ppl"],
         "nll": losses["nll"],
         "loss": losses["loss"],
@@ -235,7 +241,7 @@ def main() -> None:
     print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
     print(r["sacrebleu"])
     print(f"sacreBLEU signature: {r['signature']}")
-    print(f"BLEU {r['bleu']:.2f}; results in {r.get('path', args.workdir)}")
+    print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
 
 
 if __name__ == "__main__":

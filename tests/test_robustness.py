@@ -248,3 +248,21 @@ def test_plot_writes_learning_curves(tmp_path):
     empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
                            capture_output=True, text=True)  # fmt: skip
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
+
+
+def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_device_workdir):
+    import json as _json
+    import subprocess
+
+    import sacrebleu
+    from conftest import env_with_devices
+
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={eight_device_workdir}", "--step=20", "--limit=8"]
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "\r" not in result.stderr and "beam search (test): 1/1" in result.stderr
+    written = _json.loads((eight_device_workdir / "eval" / "test-20-first8.json").read_text())
+    hyps = (eight_device_workdir / "eval" / "test-20-first8.hyp.txt").read_text().splitlines()
+    refs = (eight_device_workdir / "eval" / "test-20-first8.ref.txt").read_text().splitlines()
+    assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert f"chrF {written['chrf']:.2f}" in result.stdout
