@@ -127,3 +127,38 @@ def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> t
     except Exception as e:
         raise UserError(f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}).") from None
     return out["params"], out["meta"]
+
+
+class Best:
+    """The parameters with the best dev metric so far, in `W/best/<step>` (model selection on dev),
+    kept apart from the rotating last K: lower is better for perplexity and loss, higher for
+    accuracy and BLEU. A resumed run keeps competing with the best saved before."""
+
+    HIGHER = ("dev_accuracy", "dev_bleu")
+
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
+        self.metric = metric
+        self.mngr = manager(directory, keep=1, asynchronous=False) if metric else None
+        self.value = None
+        if self.mngr is not None and self.mngr.latest_step() is not None:
+            step = self.mngr.latest_step()
+            meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            if meta.get("metric") == metric and step <= resume_step:
+                self.value = meta["value"]
+
+    def better(self, value: float) -> bool:
+        if self.value is None:
+            return True
+        return value > self.value if self.metric in self.HIGHER else value < self.value
+
+    def offer(self, step: int, metrics: dict, params, log=print) -> None:
+        """Keep `params` if `metrics[metric]` beats the best so far."""
+        if self.mngr is None or self.metric not in metrics or not self.better(metrics[self.metric]):
+            return
+        self.value = float(metrics[self.metric])
+        save_params(self.mngr, step, params, {"metric": self.metric, "value": self.value, "step": step})
+        log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.mngr.directory}")
+
+    def close(self) -> None:
+        if self.mngr is not None:
+            self.mngr.close()

@@ -101,6 +101,11 @@ class Workdir:
         return self.root / "averaged" / f"last{k}"
 
     @property
+    def best(self) -> epath.Path:
+        """The parameters with the best dev metric so far (one step directory), apart from the last K."""
+        return self.root / "best"
+
+    @property
     def eval(self) -> epath.Path:
         """Evaluation results (JSON) and translations."""
         return self.root / "eval"

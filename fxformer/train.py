@@ -155,6 +155,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise cli.UserError(f"{key} must be in [0, 1), not {config[key]}.")
     if not config.adam_eps > 0:
         raise cli.UserError(f"adam_eps must be positive, not {config.adam_eps}.")
+    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy")
+    if config.get("best_metric", "") not in metrics:
+        raise cli.UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
     TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
 
 
@@ -368,6 +371,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 "tokens_per_batch": config.data.tokens_per_batch, "start_step": start_step}  # fmt: skip
         paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+    best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
 
@@ -442,6 +446,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             if evaluate_now:
                 max_len = model.config.max_len
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
+                best.offer(step, logged, state.params, log)
             if logged:
                 writer.write(step, {k: v for k, v in logged.items() if k != "tokens"})
             if logged or time.time() - last_console >= 5.0:  # a console line every few seconds, and at every log
@@ -463,6 +468,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     finally:
         mngr.wait_until_finished()
         mngr.close()
+        best.close()
         writer.close()
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")

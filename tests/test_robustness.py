@@ -266,3 +266,26 @@ def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_dev
     refs = (eight_device_workdir / "eval" / "test-20-first8.ref.txt").read_text().splitlines()
     assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
     assert f"chrF {written['chrf']:.2f}" in result.stdout
+
+
+def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, data_dir, corpus):
+    import json as _json
+    import subprocess
+
+    from conftest import env_with_devices, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10,
+              keep_checkpoints=1)  # fmt: skip
+    dev = logged(workdir, "dev_ppl")
+    best_step = min(dev, key=dev.get)
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation"]
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
+    assert written["checkpoint_steps"] == [best_step]
+    assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
+    bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
+                         env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
