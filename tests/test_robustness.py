@@ -289,3 +289,39 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
                          env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
+
+
+def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import TINY, env_with_devices
+
+    _, builder, _ = corpus
+    from fxformer.data import corpora as corpora_source
+
+    files = {}
+    for split, name in (("train", "train"), ("validation", "valid"), ("test", "test")):
+        records = corpora_source.data_source(builder, split)
+        for lang in ("en", "de"):
+            lines = [records[i][lang].decode() for i in range(len(records))]
+            if split == "train" and lang == "en":
+                lines[5] = "   "  # a blank source: its pair is dropped, the rest stay aligned
+            path = tmp_path / f"{name}.{lang}"
+            path.write_text("".join(line + "\n" for line in lines))
+            files[(split, lang)] = path
+    data = {"dataset": "text", "source_file": files["train", "en"], "target_file": files["train", "de"],
+            "validation_source_file": files["validation", "en"], "validation_target_file": files["validation", "de"],
+            "test_source_file": files["test", "en"], "test_target_file": files["test", "de"],
+            "tfds_data_dir": tmp_path / "tfds"}  # fmt: skip
+    flags = [f"--config.{k}={v}" for k, v in TINY.items() if not k.startswith("data.num_")]
+    flags += [f"--config.data.{k}={v}" for k, v in data.items()]
+    workdir = tmp_path / "w"
+    train_run = subprocess.run([sys.executable, "-m", "fxformer.train", "--config=configs/default.py",
+                                f"--workdir={workdir}", "--config.num_train_steps=2", *flags],
+                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert train_run.returncode == 0, train_run.stderr[-2000:]
+    assert "1 of 3,000 pairs" in train_run.stdout and "have an empty side; dropped" in train_run.stdout
+    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--split=test"],
+                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
