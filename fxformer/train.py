@@ -417,8 +417,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
 
     step = start_step
     last_save = last_console = time.time()
-    timer_start, timer_step = None, start_step
+    window = None  # (time, step) of the previous console line: the speed shown is recent, not cumulative
     tokens = {"seen": 0.0, "steps": 0}  # target tokens over logged steps, for tokens/s
+    earlier = writer.last()  # what the run had done before this attempt (metrics.jsonl up to start_step)
+    tokens_before, wall_before = earlier.get("tokens_seen", 0.0), earlier.get("wall_s", 0.0)
     if step < config.num_train_steps and agree(step, False, now=True)[1]:  # during data preparation or compiling
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         step = config.num_train_steps  # skip the loop; the returned state is the checkpoint's
@@ -429,9 +431,9 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             state, metrics = p_train_step(state, parallel.global_batch(mesh, local), rng)
             step += 1
             pending.append(metrics)
-            if timer_start is None:  # the first step compiles; measure speed from the second on
+            if window is None:  # the first step compiles; measure speed from the second on
                 jax.block_until_ready(metrics)
-                timer_start, timer_step = time.time(), step
+                window = (time.time(), step)
 
             final = step == config.num_train_steps
             minutes = config.checkpoint_every_minutes
@@ -448,14 +450,16 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
                 best.offer(step, logged, state.params, log)
             if logged:
+                logged["tokens_seen"] = tokens_before + tokens["seen"]
+                logged["wall_s"] = round(wall_before + time.time() - started, 1)
                 writer.write(step, {k: v for k, v in logged.items() if k != "tokens"})
             if logged or time.time() - last_console >= 5.0:  # a console line every few seconds, and at every log
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
                 now = last_console = time.time()
                 tokens_per_step = tokens["seen"] / max(tokens["steps"], 1)
                 budget_left = budget_s - (now - started) if budget_s else None
-                log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now,
-                                 budget_left))  # fmt: skip
+                log(console_line(step, config.num_train_steps, shown, window, tokens_per_step, now, budget_left))
+                window = (now, step) if window and step > window[1] else window
             if save_now:
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
@@ -481,7 +485,7 @@ def per_token_step(metrics: dict) -> dict[str, float]:
     return {**per_token(fetched), "learning_rate": fetched["learning_rate"]}
 
 
-def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now, budget_left=None) -> str:
+def console_line(step, total, m, window, tokens_per_step, now, budget_left=None) -> str:
     """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA (to the last step, or to the
     end of the time budget if that comes first) on one line."""
     parts = [f"step {step}/{total}"]
@@ -489,9 +493,10 @@ def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now, 
         parts += [f"loss {m['loss']:.3f}", f"ppl {m['ppl']:.2f}", f"lr {m['learning_rate']:.2e}"]
     if "dev_ppl" in m:
         parts += [f"dev loss {m['dev_loss']:.3f}", f"dev ppl {m['dev_ppl']:.3f}"]
-    elapsed = now - (timer_start or now)
-    if elapsed > 0 and step > timer_step:
-        steps_per_s = (step - timer_step) / elapsed
+    since, since_step = window or (now, step)  # speed since the previous console line
+    elapsed = now - since
+    if elapsed > 0 and step > since_step:
+        steps_per_s = (step - since_step) / elapsed
         if tokens_per_step:
             parts.append(f"{tokens_per_step * steps_per_s:,.0f} tgt tok/s")
         parts.append(f"{steps_per_s:.2f} steps/s")

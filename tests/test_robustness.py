@@ -325,3 +325,19 @@ def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir
                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
+
+
+def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data_dir, corpus):
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=4, log_every_steps=2, checkpoint_every_steps=4)
+    first = logged(workdir, "tokens_seen")
+    resumed = run_train(workdir, data_dir, num_train_steps=8, log_every_steps=2, checkpoint_every_steps=4)
+    seen, wall = logged(workdir, "tokens_seen"), logged(workdir, "wall_s")
+    assert list(seen) == [2, 4, 6, 8] and {k: seen[k] for k in first} == first
+    assert all(b > a for a, b in zip(list(seen.values()), list(seen.values())[1:]))  # counted on across the resume
+    assert all(b >= a for a, b in zip(list(wall.values()), list(wall.values())[1:]))
+    tokens_per_step = seen[2] / 2
+    assert seen[8] == pytest.approx(4 * seen[4] / 2, rel=0.3) and tokens_per_step > 0
+    assert "tgt tok/s" in resumed.stdout
