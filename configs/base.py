@@ -77,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_batches = 0  # dev batches per periodic evaluation (0 = the whole split)
     config.seed = 0
     config.best_metric = "dev_ppl"  # keeps the parameters with the best of it in W/best ("" = off)
+    config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
     config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
 

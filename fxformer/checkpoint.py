@@ -140,6 +140,7 @@ class Best:
         self.metric = metric
         self.mngr = manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
+        self.stale = 0  # dev evaluations since the last improvement (for early stopping)
         if self.mngr is not None and self.mngr.latest_step() is not None:
             step = self.mngr.latest_step()
             meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -153,8 +154,12 @@ class Best:
 
     def offer(self, step: int, metrics: dict, params, log=print) -> None:
         """Keep `params` if `metrics[metric]` beats the best so far."""
-        if self.mngr is None or self.metric not in metrics or not self.better(metrics[self.metric]):
+        if self.mngr is None or self.metric not in metrics:
             return
+        if not self.better(metrics[self.metric]):
+            self.stale += 1
+            return
+        self.stale = 0
         self.value = float(metrics[self.metric])
         save_params(self.mngr, step, params, {"metric": self.metric, "value": self.value, "step": step})
         log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.mngr.directory}")

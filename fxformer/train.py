@@ -123,7 +123,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
         "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
         "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0,
-        "divergence_factor": 0, "train_minutes": 0,
+        "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
         "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
         "data.vocab_size": 8, "data.tokenizer_sentences": 1,
     }  # fmt: skip
@@ -285,6 +285,7 @@ class StopRequest:
 
     def __init__(self):
         self.signal: int | None = None
+        self.early = ""  # why training stopped early by itself (early stopping): then the run is done
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:
@@ -449,6 +450,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 max_len = model.config.max_len
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
                 best.offer(step, logged, state.params, log)
+                patience = config.get("early_stopping_patience", 0)
+                if patience and best.stale >= patience and not final:
+                    stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
+                    save_now = stopping = True
             if logged:
                 logged["tokens_seen"] = tokens_before + tokens["seen"]
                 logged["wall_s"] = round(wall_before + time.time() - started, 1)
@@ -465,7 +470,9 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 last_save = time.time()
             if stopping:
                 mngr.wait_until_finished()
-                reason = stop.name or (f"time budget of {budget_s / 60:g} minutes" if out_of_time() else "")
+                reason = (
+                    stop.early or stop.name or (f"time budget of {budget_s / 60:g} minutes" if out_of_time() else "")
+                )
                 reason = reason or "a signal to another process"
                 log(f"{reason}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
@@ -523,7 +530,7 @@ def main() -> int:
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
-    if int(state.step) < config.num_train_steps:
+    if int(state.step) < config.num_train_steps and not stop.early:
         return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
     return exitcodes.OK
 

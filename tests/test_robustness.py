@@ -341,3 +341,19 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
     tokens_per_step = seen[2] / 2
     assert seen[8] == pytest.approx(4 * seen[4] / 2, rel=0.3) and tokens_per_step > 0
     assert "tgt tok/s" in resumed.stdout
+
+
+def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
+    command = train_command(workdir, data_dir, num_train_steps=200, eval_every_steps=2, learning_rate_scale=1e-9,
+                            early_stopping_patience=1, best_metric="dev_accuracy")  # fmt: skip
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+    assert "early stopping" in result.stdout
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
