@@ -144,7 +144,9 @@ class Best:
         if self.mngr is not None and self.mngr.latest_step() is not None:
             step = self.mngr.latest_step()
             meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-            if meta.get("metric") == metric and step <= resume_step:
+            if step > resume_step or meta.get("metric") != metric:  # a future this run retraces, or another metric
+                self.mngr.delete(step)
+            else:
                 self.value = meta["value"]
 
     def better(self, value: float) -> bool:
