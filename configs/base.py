@@ -19,8 +19,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.d_model = 512
     config.model.d_ff = 2048
     config.model.num_heads = 8  # h
-    config.model.d_k = 64
-    config.model.d_v = 64
+    config.model.d_k = 0  # 0: d_model / h (64); resolved when the config is loaded
+    config.model.d_v = 0  # 0: d_model / h (64)
     config.model.dropout_rate = 0.1  # P_drop
     config.model.attention_dropout_rate = 0.0  # departure when > 0
     config.model.relu_dropout_rate = 0.0  # departure when > 0
@@ -42,7 +42,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.corpus_seed = 0
     config.data.source_file = ""  # dataset "text": line-aligned source and target files (plain or .gz)
     config.data.target_file = ""
-    config.data.heldout = 1000  # dataset "text": the last 2 x heldout pairs are validation and test
+    config.data.validation_source_file = ""  # dataset "text": separate validation and test files
+    config.data.validation_target_file = ""  # (the usual valid.en / valid.de, test.en / test.de)
+    config.data.test_source_file = ""
+    config.data.test_target_file = ""
+    config.data.heldout = 1000  # dataset "text" without those files: the last 2 x heldout pairs are validation, test
     config.data.train_split = "train"
     config.data.eval_split = "validation"  # newstest2013
     config.data.test_split = "test"  # newstest2014
@@ -72,6 +76,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every_steps = 5000
     config.eval_batches = 0  # dev batches per periodic evaluation (0 = the whole split)
     config.seed = 0
+    config.best_metric = "dev_ppl"  # keeps the parameters with the best of it in W/best ("" = off)
+    config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
+    config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
+    config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
 
     config.beam_size = 4
     config.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha

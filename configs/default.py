@@ -22,8 +22,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             "model.d_model": 128,
             "model.d_ff": 512,
             "model.num_heads": 4,
-            "model.d_k": 32,
-            "model.d_v": 32,
             "model.max_len": 128,
             "data.dataset": "embedded",
             "data.vocab_size": 1000,

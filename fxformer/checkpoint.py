@@ -24,6 +24,20 @@ def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True)
     return ocp.CheckpointManager(paths.absolute(directory), options=options)
 
 
+TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
+
+
+def remove_unfinished(directory: paths.PathLike, log=print) -> None:
+    """Delete the temporary directories of saves that never finished (a kill during a save)."""
+    directory = paths.as_path(directory)
+    if not directory.exists():
+        return
+    for path in directory.iterdir():
+        if TEMPORARY in path.name:
+            log(f"removing {path}: a save that never finished")
+            path.rmtree() if path.is_dir() else path.unlink()
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
     """Start writing `state` (and the data iterator's position) at `step`; returns before it is written."""
     items = {"state": ocp.args.StandardSave(state)}
@@ -37,6 +51,12 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
 
     `data_iterator`, if given, is moved to the saved position.
     """
+    mismatch = shape_mismatch(mngr.directory, step, abstract_state)
+    if mismatch:
+        raise UserError(
+            f"Checkpoint {mngr.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
+            "use the workdir's own tokenizer.model and config, or a new --workdir."
+        )
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
         items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -54,6 +74,28 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
             f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
             "delete that step's directory or pick another with --step."
         ) from None
+
+
+def shape_mismatch(directory, step: int, abstract_state) -> str | None:
+    """How the parameters saved at `step` differ from the model's ('embedding 400 x 32 in the
+    checkpoint vs 300 x 32'), or None when they match or the metadata cannot be read (then the
+    restore itself reports what is wrong)."""
+    try:
+        meta = ocp.PyTreeCheckpointHandler().metadata(paths.absolute(directory) / str(step) / "state")
+        saved_tree = getattr(meta, "tree", meta)["params"]
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore names the damage
+        return None
+    name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)  # noqa: E731
+    saved = {name(p): tuple(leaf.shape) for p, leaf in jax.tree_util.tree_leaves_with_path(saved_tree)}
+    wanted = {name(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
+    size = lambda shape: " x ".join(map(str, shape)) or "a scalar"  # noqa: E731
+    for key, shape in wanted.items():
+        if key not in saved:
+            return f"{key} is not in the checkpoint"
+        if saved[key] != shape:
+            return f"{key} is {size(saved[key])} in the checkpoint vs {size(shape)}"
+    extra = sorted(set(saved) - set(wanted))
+    return f"{extra[0]} is in the checkpoint but not in the model" if extra else None
 
 
 def abstract_like(tree, sharding) -> object:
@@ -85,3 +127,45 @@ def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> t
     except Exception as e:
         raise UserError(f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}).") from None
     return out["params"], out["meta"]
+
+
+class Best:
+    """The parameters with the best dev metric so far, in `W/best/<step>` (model selection on dev),
+    kept apart from the rotating last K: lower is better for perplexity and loss, higher for
+    accuracy and BLEU. A resumed run keeps competing with the best saved before."""
+
+    HIGHER = ("dev_accuracy", "dev_bleu")
+
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
+        self.metric = metric
+        self.mngr = manager(directory, keep=1, asynchronous=False) if metric else None
+        self.value = None
+        self.stale = 0  # dev evaluations since the last improvement (for early stopping)
+        if self.mngr is not None and self.mngr.latest_step() is not None:
+            step = self.mngr.latest_step()
+            meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            if step > resume_step or meta.get("metric") != metric:  # a future this run retraces, or another metric
+                self.mngr.delete(step)
+            else:
+                self.value = meta["value"]
+
+    def better(self, value: float) -> bool:
+        if self.value is None:
+            return True
+        return value > self.value if self.metric in self.HIGHER else value < self.value
+
+    def offer(self, step: int, metrics: dict, params, log=print) -> None:
+        """Keep `params` if `metrics[metric]` beats the best so far."""
+        if self.mngr is None or self.metric not in metrics:
+            return
+        if not self.better(metrics[self.metric]):
+            self.stale += 1
+            return
+        self.stale = 0
+        self.value = float(metrics[self.metric])
+        save_params(self.mngr, step, params, {"metric": self.metric, "value": self.value, "step": step})
+        log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.mngr.directory}")
+
+    def close(self) -> None:
+        if self.mngr is not None:
+            self.mngr.close()

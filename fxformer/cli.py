@@ -40,13 +40,23 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise UserError(f"Config file '{path}' does not exist.")
     module_spec = importlib.util.spec_from_file_location(f"_fxformer_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - a config file that does not even import
+        raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
     if not hasattr(module, "get_config"):
         raise UserError(f"Config file '{path}' has no get_config() function.")
     try:
         config = module.get_config(arg) if arg else module.get_config()
     except ValueError as e:  # config files raise ValueError for a bad argument
         raise UserError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a bug in the config file: name it, in one line
+        raise UserError(f"Config file '{path}' failed in get_config(): {type(e).__name__}: {e}.") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UserError(
+            f"Config file '{path}' must return an ml_collections.ConfigDict from get_config(), "
+            f"not a {type(config).__name__}."
+        )
     return config
 
 
@@ -134,9 +144,21 @@ def parse(
         config = load_config(args.config)
         for key, raw in overrides:
             apply_override(config, key, raw)
+        resolve_derived(config)
     elif overrides:
         raise UserError("Overrides --config.<key>=<value> need a --config file.")
     return args, config
+
+
+def resolve_derived(config: ml_collections.ConfigDict) -> None:
+    """Fill fields derived from others after the overrides (`configs.resolve`: d_k, d_v)."""
+    import configs
+
+    if "model" in config and all(k in config.model for k in ("d_k", "d_v", "d_model", "num_heads")):
+        try:
+            configs.resolve(config)
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
 
 def log_to_stderr(*args, **kwargs) -> None:

@@ -31,11 +31,15 @@ from fxformer.model import Transformer
 
 
 def progress(done: int, total: int, start: float, what: str) -> None:
-    """`what: done/total, ETA` on one stderr line, rewritten in place."""
+    """`what: done/total, ETA` on stderr: one line rewritten in place on a terminal; in a log
+    file, a line at every tenth of the work (no carriage returns)."""
     elapsed = time.time() - start
     eta = duration(elapsed / done * (total - done)) if done else "?"
-    end = "\n" if done == total else ""
-    print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        end = "\n" if done == total else ""
+        print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+    elif done == total or done * 10 // total != (done - 1) * 10 // total:
+        print(f"{what}: {done}/{total} ETA {eta}", file=sys.stderr, flush=True)
 
 
 class Restored(NamedTuple):
@@ -50,10 +54,11 @@ class Restored(NamedTuple):
     eval_step: Callable  # jitted (params, batch) -> summed loss / nll / accuracy / tokens
 
 
-def restore_for_inference(workdir: paths.PathLike, step: int = 0, average_last: int = 0, log=print) -> Restored:
+def restore_for_inference(workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, log=print) -> Restored:
     """A workdir's config, model, tokenizer and parameters, on the devices at hand.
 
-    `step` picks one checkpoint; `average_last` > 1 averages the last k (saved once under
+    `step` picks one checkpoint ("best": the best dev metric seen in training, `W/best`);
+    `average_last` > 1 averages the last k (saved once under
     `W/averaged/last<k>/<last step>` and reused); neither: the config's `average_last`.
     """
     workdir = paths.Workdir(workdir)
@@ -63,6 +68,8 @@ def restore_for_inference(workdir: paths.PathLike, step: int = 0, average_last: 
     tokenizer = Tokenizer(workdir.tokenizer)
     mesh = parallel.data_mesh()
     model, _, abstract_state, eval_step = train.build(config, tokenizer.vocab_size, mesh)
+    if step == "best":
+        return Restored(config, model, tokenizer, *best_params(workdir, abstract_state, log), mesh, eval_step)
     directory = workdir.checkpoints
     if not directory.exists():
         raise cli.UserError(f"{directory} holds no checkpoint; train first.")
@@ -84,6 +91,19 @@ def restore_for_inference(workdir: paths.PathLike, step: int = 0, average_last: 
         else:
             params = averaged(workdir, mngr, chosen, abstract_state, log)
     return Restored(config, model, tokenizer, params, chosen, mesh, eval_step)
+
+
+def best_params(workdir: paths.Workdir, abstract_state, log=print) -> tuple[dict, list[int]]:
+    """The parameters kept in `W/best` (best dev metric during training) and their step."""
+    if not workdir.best.exists():
+        raise cli.UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
+    with checkpoint.manager(workdir.best, asynchronous=False) as mngr:
+        step = mngr.latest_step()
+        if step is None:
+            raise cli.UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
+        params, meta = checkpoint.restore_params(mngr, step, abstract_state.params)
+    log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
+    return params, [step]
 
 
 def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log=print):
@@ -134,7 +154,7 @@ def translate_examples(
 def evaluate(
     workdir: paths.PathLike,
     split: str = "test",
-    step: int = 0,
+    step: int | str = 0,
     average_last: int = 0,
     beam_size: int | None = None,
     alpha: float | None = None,
@@ -160,12 +180,16 @@ def evaluate(
     )
     bleu = sacrebleu.metrics.BLEU()
     score = bleu.corpus_score(hypotheses, [references])
+    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
 
-    name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    name = (
+        f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "") + ("-best" if step == "best" else "")
+    )
     if n < len(source):
         name += f"-first{n}"  # a partial evaluation never overwrites the full one
     results = {
         "bleu": score.score,
+        "chrf": chrf.score,
         "ppl": losses["ppl"],
         "nll": losses["nll"],
         "loss": losses["loss"],
@@ -194,7 +218,7 @@ def inference_parser(description: str, module: str):
     """Flags shared by evaluate and translate: the workdir, which checkpoint(s), the beam."""
     p = cli.parser(description, module, config=False)
     p.add_argument("--workdir", required=True, help="a training run directory")
-    p.add_argument("--step", type=int, default=0, help="use this checkpoint step")
+    p.add_argument("--step", default="0", help="use this checkpoint step, or 'best' (best dev metric in training)")
     p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
     p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
@@ -204,6 +228,12 @@ def inference_parser(description: str, module: str):
 
 def parse_inference_args(p):
     args, _ = cli.parse(p)
+    if args.step != "best":
+        if not args.step.lstrip("-").isdigit():
+            raise cli.UserError(f"--step takes a step number or 'best', not '{args.step}'.")
+        args.step = int(args.step)
+    if args.step != "best" and args.step < 0 or args.average_last < 0:
+        raise cli.UserError("--step and --average_last must be positive (or left out).")
     if args.step and args.average_last:
         raise cli.UserError("Give --step or --average_last, not both.")
     if args.beam_size < 0 or (args.alpha is not None and args.alpha < 0):
@@ -233,7 +263,7 @@ def main() -> None:
     print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
     print(r["sacrebleu"])
     print(f"sacreBLEU signature: {r['signature']}")
-    print(f"BLEU {r['bleu']:.2f}; results in {r.get('path', args.workdir)}")
+    print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
 
 
 if __name__ == "__main__":

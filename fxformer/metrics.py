@@ -33,6 +33,10 @@ class MetricWriter:
     def _text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
 
+    def last(self) -> dict:
+        """The last line kept from before this attempt ({} for a new run, or on other processes)."""
+        return json.loads(self.lines[-1]) if self.lines else {}
+
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return

@@ -36,8 +36,8 @@ class TransformerConfig:
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8  # h
-    d_k: int = 64
-    d_v: int = 64
+    d_k: int = 0  # 0: d_model / h
+    d_v: int = 0  # 0: d_model / h
     dropout_rate: float = 0.1  # P_drop: sub-layer outputs, embeddings + positions
     attention_dropout_rate: float = 0.0  # departure: dropout on attention weights
     relu_dropout_rate: float = 0.0  # departure: dropout inside the feed-forward network
@@ -49,7 +49,15 @@ class TransformerConfig:
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
-        """Refuse settings the model cannot be built with, in one sentence each."""
+        """Resolve d_k = d_v = 0 to d_model / h; refuse settings the model cannot be built with."""
+        for key in ("d_k", "d_v"):
+            if getattr(self, key) == 0 and self.num_heads > 0:
+                if self.d_model % self.num_heads:
+                    raise UserError(
+                        f"model.d_model ({self.d_model}) is not divisible by model.num_heads ({self.num_heads}); "
+                        f"set model.{key} explicitly."
+                    )
+                object.__setattr__(self, key, self.d_model // self.num_heads)
         sizes = {f: getattr(self, f) for f in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "max_len")}
         rates = {f: getattr(self, f) for f in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")}
         problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]

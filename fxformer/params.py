@@ -3,8 +3,9 @@
     python -m fxformer.params --table3
     python -m fxformer.params --config=configs/big.py
 
-Counts use a shared vocabulary of `--vocab_size` tokens (37,000, the paper's WMT14 BPE) and
-abstract evaluation (`jax.eval_shape`), so even the big model is counted without memory.
+Counts use a shared vocabulary of `--vocab_size` tokens (default: the config's
+data.vocab_size; 37,000, the paper's WMT14 BPE, for --table3) and abstract evaluation
+(`jax.eval_shape`), so even the big model is counted without memory.
 """
 
 from __future__ import annotations
@@ -50,13 +51,16 @@ def table3(vocab_size: int = PAPER_VOCAB_SIZE) -> str:
 def main() -> None:
     p = cli.parser(__doc__, "fxformer.params")
     p.add_argument("--table3", action="store_true", help="print every Table 3 row against the paper")
-    p.add_argument("--vocab_size", type=int, default=PAPER_VOCAB_SIZE, help="shared vocabulary size")
+    p.add_argument("--vocab_size", type=int, default=0, help="shared vocabulary size (default: the config's)")
     args, config = cli.parse(p)
+    if args.vocab_size < 0:
+        raise cli.UserError(f"--vocab_size must be positive, not {args.vocab_size}.")
     if args.table3:
-        print(table3(args.vocab_size))
+        print(table3(args.vocab_size or PAPER_VOCAB_SIZE))
     elif config is not None:
-        count = count_parameters(config.model, args.vocab_size)
-        print(f"{args.config}: {count:,} parameters ({count / 1e6:.1f}M) with a {args.vocab_size:,}-token vocabulary")
+        vocab_size = args.vocab_size or config.data.vocab_size
+        count = count_parameters(config.model, vocab_size)
+        print(f"{args.config}: {count:,} parameters ({count / 1e6:.1f}M) with a {vocab_size:,}-token vocabulary")
     else:
         raise cli.UserError("Give --table3 or --config=<config file[:arg]>.")
 

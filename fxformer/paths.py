@@ -13,6 +13,8 @@ import os
 
 from etils import epath
 
+from fxformer.cli import UserError
+
 PathLike = str | os.PathLike
 
 
@@ -51,6 +53,17 @@ def write_atomic(path: PathLike, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
+def check_workdir(workdir: PathLike) -> None:
+    """Refuse, in one sentence, a workdir that is a file or lies under one."""
+    path = as_path(workdir)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                what = "is a file" if candidate == path else f"lies under the file {candidate}"
+                raise UserError(f"The workdir {workdir} {what}; give a directory as --workdir.")
+            return
+
+
 @dataclasses.dataclass(frozen=True)
 class Workdir:
     """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
@@ -86,6 +99,11 @@ class Workdir:
     def averaged(self, k: int) -> epath.Path:
         """Parameters averaged over the last `k` checkpoints, one step directory per last step."""
         return self.root / "averaged" / f"last{k}"
+
+    @property
+    def best(self) -> epath.Path:
+        """The parameters with the best dev metric so far (one step directory), apart from the last K."""
+        return self.root / "best"
 
     @property
     def eval(self) -> epath.Path:

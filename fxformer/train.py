@@ -123,12 +123,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
         "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0, "beam_size": 1,
         "max_decode_extra": 0, "average_last": 1, "checkpoint_every_minutes": 0, "alpha": 0,
+        "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
         "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
         "data.vocab_size": 8, "data.tokenizer_sentences": 1,
     }  # fmt: skip
     for key, low in at_least.items():
         section, _, leaf = key.rpartition(".")
-        value = (config[section] if section else config)[leaf]
+        node = config[section] if section else config
+        if leaf not in node:  # a field added since an older workdir's config.json was written
+            continue
+        value = node[leaf]
         if value < low:
             raise cli.UserError(f"{key} must be at least {low}, not {value}.")
     if not 0 <= config.label_smoothing < 1:
@@ -139,21 +143,47 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise cli.UserError(
             f"model.max_len ({config.model.max_len}) must cover data.max_length ({config.data.max_length})."
         )
+    if config.data.source_lang == config.data.target_lang:
+        raise cli.UserError(
+            f"data.source_lang and data.target_lang are both {config.data.source_lang!r}; "
+            "a translation needs two different languages."
+        )
+    if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):
+        raise cli.UserError(f"learning_rate_scale must be a positive number, not {config.learning_rate_scale}.")
+    for key in ("adam_b1", "adam_b2"):
+        if not 0 <= config[key] < 1:
+            raise cli.UserError(f"{key} must be in [0, 1), not {config[key]}.")
+    if not config.adam_eps > 0:
+        raise cli.UserError(f"adam_eps must be positive, not {config.adam_eps}.")
+    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy")
+    if config.get("best_metric", "") not in metrics:
+        raise cli.UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
+    TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
 
 
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir."""
     path = paths.Workdir(workdir).config
+    paths.check_workdir(workdir)
     if not path.exists():
         raise cli.UserError(f"{workdir} has no config.json; is it a training workdir?")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    try:
+        loaded = json.loads(path.read_text())
+        if not isinstance(loaded, dict) or "model" not in loaded:
+            raise ValueError("not a config")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise cli.UserError(
+            f"{path} is damaged ({type(e).__name__}); write it again by training with the run's --config."
+        ) from None
+    return ml_collections.ConfigDict(loaded)
 
 
 def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
     """Record the resolved config; refuse a workdir whose model differs from the config's."""
+    paths.check_workdir(workdir)
     path = paths.Workdir(workdir).config
     if path.exists():
-        old = json.loads(path.read_text())
+        old = load_workdir_config(workdir).to_dict()
         new = json.loads(config.to_json())
         changed = [k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k)]
         if changed:
@@ -220,7 +250,30 @@ AGREE_EVERY = 10  # steps between the processes' stop/save agreements (a tiny co
 
 
 class Diverged(cli.UserError):
-    """The loss stopped being finite."""
+    """The loss stopped being finite, or exploded (`DivergenceWatch`)."""
+
+
+class DivergenceWatch:
+    """Tells a diverged training loss from a healthy one, step by step.
+
+    Diverged: not finite; or, with `factor` > 0, above `factor` x the best loss of this run and
+    2 nats above it, or above 3 x ln(vocabulary) (three times a uniform guess), which catches a
+    run that explodes from its first steps.
+    """
+
+    def __init__(self, factor: float, vocab_size: int):
+        self.factor, self.best = factor, math.inf
+        self.ceiling = 3 * math.log(vocab_size)
+
+    def first_bad(self, losses: list[float]) -> tuple[int, str] | None:
+        """(index, what happened) of the first diverged per-token loss, or None; updates the best."""
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                return i, "became non-finite"
+            if self.factor > 0 and (loss > self.ceiling or (loss > self.factor * self.best and loss > self.best + 2)):
+                return i, f"exploded to {loss:.3g} per token (best so far {self.best:.3g})"
+            self.best = min(self.best, loss)
+        return None
 
 
 class StopRequest:
@@ -232,6 +285,7 @@ class StopRequest:
 
     def __init__(self):
         self.signal: int | None = None
+        self.early = ""  # why training stopped early by itself (early stopping): then the run is done
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:
@@ -292,17 +346,23 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         corpora.data_source(builder, config.data.eval_split), tokenizer, config.data, dev_limit
     )
 
+    if jax.process_index() == 0:
+        checkpoint.remove_unfinished(workdir.checkpoints, log)
     mngr = checkpoint.manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = mngr.latest_step() or 0
     if start_step:
         state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
     else:
+        if workdir.metrics.exists() and workdir.metrics.read_text().strip():
+            log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
         init = jax.jit(functools.partial(create_state, model, tx, config.seed), out_shardings=parallel.replicated(mesh))
         state = init()
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    m = model.config
     log(
-        f"model: {num_params:,} parameters, vocabulary {tokenizer.vocab_size:,}; {jax.device_count()} devices "
+        f"model: N={m.num_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.num_heads} d_k={m.d_k} d_v={m.d_v}, "
+        f"{num_params:,} parameters, vocabulary {tokenizer.vocab_size:,}; {jax.device_count()} devices "
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {accum} micro-batch(es)"
     )
@@ -312,19 +372,22 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
                 "tokens_per_batch": config.data.tokens_per_batch, "start_step": start_step}  # fmt: skip
         paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+    best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
 
     pending: list[dict] = []  # device metrics of steps not yet logged
+    watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
 
     def flush(step: int) -> dict[str, float]:
-        """Fetch pending metrics. A non-finite loss at step F means the parameters after step
+        """Fetch pending metrics. A diverged loss at step F means the parameters after step
         F - 1 are bad: their checkpoints (and later ones) are removed, and the run stops."""
         fetched = jax.device_get(pending)
         pending.clear()
-        bad = [i for i, m in enumerate(fetched) if not math.isfinite(float(m["loss"]))]
-        if bad:
-            first_bad = step - len(fetched) + 1 + bad[0]
+        found = watch.first_bad([float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in fetched])
+        if found is not None:
+            index, what = found
+            first_bad = step - len(fetched) + 1 + index
             mngr.wait_until_finished()
             for saved in mngr.all_steps():
                 if saved >= first_bad - 1:
@@ -332,7 +395,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             last_good = mngr.latest_step()
             kept = f"the last good checkpoint (step {last_good}) is intact" if last_good else "no checkpoint was kept"
             raise Diverged(
-                f"The training loss became non-finite at step {first_bad}; {kept}: "
+                f"The training loss {what} at step {first_bad}; {kept}: "
                 "lower learning_rate_scale or raise warmup_steps and resume."
             )
         sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}
@@ -342,17 +405,23 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         """(save for time, stop for a signal), the same on every process: several processes compare
         their flags every `AGREE_EVERY` steps or log steps (or `now`, a point every process
         reaches), so they always save and stop together, soon after a pre-emption notice."""
-        flags = np.array([time_due, stop.signal is not None])
+        flags = np.array([time_due, stop.signal is not None or out_of_time()])
         if jax.process_count() > 1:
             if step % min(config.log_every_steps, AGREE_EVERY) and not now:
                 return False, False
             flags = multihost_utils.process_allgather(flags).reshape(-1, 2).any(axis=0)
         return bool(flags[0]), bool(flags[1])
 
+    budget_s = 60 * config.get("train_minutes", 0.0)  # older configs lack it
+    started = time.time()
+    out_of_time = lambda: 0 < budget_s <= time.time() - started  # noqa: E731
+
     step = start_step
     last_save = last_console = time.time()
-    timer_start, timer_step = None, start_step
+    window = None  # (time, step) of the previous console line: the speed shown is recent, not cumulative
     tokens = {"seen": 0.0, "steps": 0}  # target tokens over logged steps, for tokens/s
+    earlier = writer.last()  # what the run had done before this attempt (metrics.jsonl up to start_step)
+    tokens_before, wall_before = earlier.get("tokens_seen", 0.0), earlier.get("wall_s", 0.0)
     if step < config.num_train_steps and agree(step, False, now=True)[1]:  # during data preparation or compiling
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         step = config.num_train_steps  # skip the loop; the returned state is the checkpoint's
@@ -363,15 +432,15 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             state, metrics = p_train_step(state, parallel.global_batch(mesh, local), rng)
             step += 1
             pending.append(metrics)
-            if timer_start is None:  # the first step compiles; measure speed from the second on
+            if window is None:  # the first step compiles; measure speed from the second on
                 jax.block_until_ready(metrics)
-                timer_start, timer_step = time.time(), step
+                window = (time.time(), step)
 
             final = step == config.num_train_steps
             minutes = config.checkpoint_every_minutes
             time_due, stopping = agree(step, 0 < minutes <= (time.time() - last_save) / 60)
             save_now = step % config.checkpoint_every_steps == 0 or final or time_due or stopping
-            evaluate_now = step % config.eval_every_steps == 0 or final
+            evaluate_now = (step % config.eval_every_steps == 0 and not stopping) or final  # a stop does not wait
             logged = {}
             if step % config.log_every_steps == 0 or evaluate_now or save_now:  # never save unchecked losses
                 tokens["steps"] += len(pending)
@@ -380,24 +449,37 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             if evaluate_now:
                 max_len = model.config.max_len
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
+                best.offer(step, logged, state.params, log)
+                patience = config.get("early_stopping_patience", 0)
+                if patience and best.stale >= patience and not final:
+                    stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
+                    save_now = stopping = True
             if logged:
+                logged["tokens_seen"] = tokens_before + tokens["seen"]
+                logged["wall_s"] = round(wall_before + time.time() - started, 1)
                 writer.write(step, {k: v for k, v in logged.items() if k != "tokens"})
             if logged or time.time() - last_console >= 5.0:  # a console line every few seconds, and at every log
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
                 now = last_console = time.time()
                 tokens_per_step = tokens["seen"] / max(tokens["steps"], 1)
-                log(console_line(step, config.num_train_steps, shown, timer_start, timer_step, tokens_per_step, now))
+                budget_left = budget_s - (now - started) if budget_s else None
+                log(console_line(step, config.num_train_steps, shown, window, tokens_per_step, now, budget_left))
+                window = (now, step) if window and step > window[1] else window
             if save_now:
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
             if stopping:
                 mngr.wait_until_finished()
-                reason = stop.name or "a signal to another process"
+                reason = (
+                    stop.early or stop.name or (f"time budget of {budget_s / 60:g} minutes" if out_of_time() else "")
+                )
+                reason = reason or "a signal to another process"
                 log(f"{reason}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
     finally:
         mngr.wait_until_finished()
         mngr.close()
+        best.close()
         writer.close()
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")
@@ -410,20 +492,26 @@ def per_token_step(metrics: dict) -> dict[str, float]:
     return {**per_token(fetched), "learning_rate": fetched["learning_rate"]}
 
 
-def console_line(step, total, m, timer_start, timer_step, tokens_per_step, now) -> str:
-    """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA on one line."""
+def console_line(step, total, m, window, tokens_per_step, now, budget_left=None) -> str:
+    """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA (to the last step, or to the
+    end of the time budget if that comes first) on one line."""
     parts = [f"step {step}/{total}"]
     if "loss" in m:
         parts += [f"loss {m['loss']:.3f}", f"ppl {m['ppl']:.2f}", f"lr {m['learning_rate']:.2e}"]
     if "dev_ppl" in m:
         parts += [f"dev loss {m['dev_loss']:.3f}", f"dev ppl {m['dev_ppl']:.3f}"]
-    elapsed = now - (timer_start or now)
-    if elapsed > 0 and step > timer_step:
-        steps_per_s = (step - timer_step) / elapsed
+    since, since_step = window or (now, step)  # speed since the previous console line
+    elapsed = now - since
+    if elapsed > 0 and step > since_step:
+        steps_per_s = (step - since_step) / elapsed
         if tokens_per_step:
             parts.append(f"{tokens_per_step * steps_per_s:,.0f} tgt tok/s")
         parts.append(f"{steps_per_s:.2f} steps/s")
-        parts.append(f"ETA {duration((total - step) / steps_per_s)}")
+        eta = (total - step) / steps_per_s
+        if budget_left is not None and budget_left < eta:
+            parts.append(f"time budget ends in {duration(max(budget_left, 0))} (ETA {duration(eta)})")
+        else:
+            parts.append(f"ETA {duration(eta)}")
     return " | ".join(parts)
 
 
@@ -433,6 +521,7 @@ def main() -> int:
     parallel.add_cluster_flags(p)
     stop = StopRequest()  # from the start: a pre-emption during data preparation is kept too
     args, config = cli.parse(p)
+    paths.check_workdir(args.workdir)
     workdir = paths.Workdir(args.workdir)
     if config is None:  # resume a run with the config it was started with
         if not workdir.config.exists():
@@ -441,7 +530,7 @@ def main() -> int:
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
-    if int(state.step) < config.num_train_steps:
+    if int(state.step) < config.num_train_steps and not stop.early:
         return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
     return exitcodes.OK
 

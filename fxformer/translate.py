@@ -3,11 +3,14 @@
     echo "Today the man sees the dog." | python -m fxformer.translate --workdir=runs/default
     python -m fxformer.translate --workdir=runs/base --input=news.en --average_last=5 > news.de
 
-Progress goes to stderr, so stdout holds only the translations, one per input line.
+Progress goes to stderr, so stdout holds only the translations, one per input line: lines
+are split on newlines only (a form feed or a Unicode line separator stays inside its line), a
+blank line comes out blank, and input must be UTF-8.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from fxformer import cli, paths
@@ -27,12 +30,13 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
     args = parse_inference_args(p)
     if args.input == "-":
-        lines = sys.stdin.read().splitlines()
+        data = sys.stdin.buffer.read()
     else:
         try:
-            lines = paths.as_path(args.input).read_text(encoding="utf-8").splitlines()
+            data = paths.as_path(args.input).read_bytes()
         except OSError as e:
             raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
+    lines = split_lines(data, "stdin" if args.input == "-" else args.input)
     log = cli.log_to_stderr
     config, model, tokenizer, params, steps, mesh, _ = restore_for_inference(
         args.workdir, args.step, args.average_last, log
@@ -40,15 +44,37 @@ def main() -> None:
     log(f"translating {len(lines):,} lines with checkpoint step(s) {steps}")
     if not lines:
         return
-    examples = [{"inputs": tokenizer.encode(line), "targets": tokenizer.encode("")} for line in lines]
+    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
+    examples = [{"inputs": tokenizer.encode(lines[i]), "targets": tokenizer.encode("")} for i in todo]
     extra = config.max_decode_extra
     length = source_length(examples, model, extra, log)
     translate = translator(
         model, mesh, args.beam_size or config.beam_size, config.alpha if args.alpha is None else args.alpha, extra
     )
     batch_size = args.batch_size or config.data.eval_batch_size
-    for line in translate_examples(translate, params, examples, tokenizer, batch_size, length, mesh, "translate"):
-        print(line)
+    out = [""] * len(lines)
+    if examples:
+        translated = translate_examples(translate, params, examples, tokenizer, batch_size, length, mesh, "translate")
+        for i, line in zip(todo, translated):
+            out[i] = line
+    try:
+        sys.stdout.write("".join(line + "\n" for line in out))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `translate | head -1`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def split_lines(data: bytes, where: str) -> list[str]:
+    """UTF-8 text -> its lines, split on newlines only (CRLF too), without a final empty line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise cli.UserError(f"{where} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 if __name__ == "__main__":

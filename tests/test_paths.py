@@ -50,8 +50,8 @@ def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypat
     train.train_and_evaluate(config, "gs://bucket/runs/tiny", log=lambda *a, **k: None)
     results = evaluate.evaluate("gs://bucket/runs/tiny", split="test", limit=8, average_last=2, log=lambda *a: None)
 
-    assert fake_gcs == ["gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/checkpoints",
-                        "gs://bucket/runs/tiny/averaged/last2"]  # fmt: skip
+    assert fake_gcs == ["gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/best",
+                        "gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/averaged/last2"]  # fmt: skip
     files = set(FakeBucket.store)
     for name in ("config.json", "tokenizer.model", "metrics.jsonl", "eval/test-4-avg2-first8.json",
                  "eval/test-4-avg2-first8.hyp.txt", "eval/test-4-avg2-first8.ref.txt"):  # fmt: skip

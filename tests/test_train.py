@@ -196,7 +196,8 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
         np.testing.assert_allclose(pa[key], pb[key], rtol=1e-6, atol=1e-7)
 
 
-def test_sigterm_saves_and_exits_with_the_stopped_status(tmp_path, data_dir, corpus):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path, data_dir, corpus):
     workdir = tmp_path / "w"
     process = subprocess.Popen(
         train_command(workdir, data_dir, num_train_steps=100_000),
@@ -206,12 +207,15 @@ def test_sigterm_saves_and_exits_with_the_stopped_status(tmp_path, data_dir, cor
     while not (workdir / "metrics.jsonl").exists() or len(logged(workdir)) < 3:
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == exitcodes.STOPPED != exitcodes.OK, stderr[-2000:]  # a finished run exits 0
+    assert "Traceback" not in stderr
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and saved[0] == max(logged(workdir)) >= 3
-    assert f"SIGTERM: saved step {saved[0]}" in stdout
+    assert f"{sig.name}: saved step {saved[0]}" in stdout
+    resumed = run_train(workdir, data_dir, num_train_steps=saved[0] + 1)
+    assert f"resumed from {workdir / 'checkpoints' / str(saved[0])}" in resumed.stdout
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, corpus):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import io
 import os
 
 import ml_collections
@@ -64,21 +63,41 @@ class FxformerEmbedded(tfds.core.GeneratorBasedBuilder):
 
 @dataclasses.dataclass
 class TextConfig(tfds.core.BuilderConfig):
-    """A pair of line-aligned files; the last 2 x `heldout` pairs become validation and test."""
+    """Line-aligned files per split: `files` maps a split to (source file, target file). With
+    the train pair alone, the last 2 x `heldout` pairs become validation and test."""
 
-    source_file: str = ""
-    target_file: str = ""
+    files: tuple = ()  # ((split, source file, target file), ...)
     source_lang: str = "src"
     target_lang: str = "tgt"
     heldout: int = 1000
 
 
 def _read_lines(path: str) -> list[str]:
-    """Lines of a text file (plain or .gz, local or a URL), without their line ends."""
+    """Lines of a text file (plain or .gz, local or a URL), split on newlines only, without line ends."""
     with paths.as_path(path).open("rb") as raw:
-        stream = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
-        with io.TextIOWrapper(stream, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f]
+        data = gzip.GzipFile(fileobj=raw).read() if path.endswith(".gz") else raw.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _read_pairs(source_file: str, target_file: str) -> list[tuple[str, str]]:
+    """Aligned (source, target) lines; pairs with an empty side are dropped after pairing, and counted."""
+    source, target = _read_lines(source_file), _read_lines(target_file)
+    if len(source) != len(target):
+        raise UserError(f"{source_file} has {len(source):,} lines but {target_file} has {len(target):,}.")
+    pairs = [(s, t) for s, t in zip(source, target) if s.strip() and t.strip()]
+    if len(pairs) < len(source):
+        print(
+            f"data: {len(source) - len(pairs):,} of {len(source):,} pairs of {source_file} have an empty side; dropped"
+        )
+    return pairs
 
 
 class FxformerParallelText(tfds.core.GeneratorBasedBuilder):
@@ -98,14 +117,13 @@ class FxformerParallelText(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         c = self.builder_config
-        source, target = _read_lines(c.source_file), _read_lines(c.target_file)
-        if len(source) != len(target):
-            raise UserError(f"{c.source_file} has {len(source):,} lines but {c.target_file} has {len(target):,}.")
-        pairs = [(s, t) for s, t in zip(source, target) if s.strip() and t.strip()]
-        if len(pairs) <= 2 * c.heldout:
-            raise UserError(f"{c.source_file} has {len(pairs):,} pairs, too few to hold out 2 x {c.heldout:,}.")
-        n = len(pairs) - 2 * c.heldout
-        parts = {"train": pairs[:n], "validation": pairs[n : n + c.heldout], "test": pairs[n + c.heldout :]}
+        parts = {split: _read_pairs(source, target) for split, source, target in c.files}
+        if set(parts) == {"train"}:  # no separate files: hold out the end of the training pairs
+            pairs = parts["train"]
+            if len(pairs) <= 2 * c.heldout:
+                raise UserError(f"{c.files[0][1]} has {len(pairs):,} pairs, too few to hold out 2 x {c.heldout:,}.")
+            n = len(pairs) - 2 * c.heldout
+            parts = {"train": pairs[:n], "validation": pairs[n : n + c.heldout], "test": pairs[n + c.heldout :]}
         return {name: self._generate_examples(part) for name, part in parts.items()}
 
     def _generate_examples(self, pairs):
@@ -114,19 +132,36 @@ class FxformerParallelText(tfds.core.GeneratorBasedBuilder):
             yield i, {c.source_lang: s, c.target_lang: t}
 
 
+TEXT_SPLITS = {"train": "", "validation": "validation_", "test": "test_"}  # split -> its fields' prefix
+
+
 def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
-    for field in ("source_file", "target_file"):
-        if not data[field]:
-            raise UserError(f"data.dataset='text' needs --config.data.{field}=<path>.")
-        if not paths.as_path(data[field]).is_file():
-            raise UserError(f"data.{field} '{data[field]}' does not exist.")
-    files = [paths.absolute(data.source_file), paths.absolute(data.target_file)]
-    identity = "|".join(f"{f}:{f.stat().length}:{f.stat().mtime}" for f in files) + f"|{data.heldout}"
-    name = "text-" + hashlib.sha1(identity.encode()).hexdigest()[:12]  # a changed file is a new dataset
+    """The text dataset's files per split; its name hashes their contents (a touched file is the
+    same dataset, an edited one a new dataset)."""
+    files = []
+    for split, prefix in TEXT_SPLITS.items():
+        fields = [f"{prefix}source_file", f"{prefix}target_file"]
+        given = [data.get(f, "") for f in fields]
+        if split != "train" and not any(given):
+            continue
+        for field, value in zip(fields, given):
+            if not value:
+                raise UserError(f"data.dataset='text' needs --config.data.{field}=<path> too.")
+            if not paths.as_path(value).is_file():
+                raise UserError(f"data.{field} '{value}' does not exist.")
+        files.append((split, *(str(paths.absolute(v)) for v in given)))
+    if len(files) == 2:
+        raise UserError("Give both validation and test files for dataset 'text', or neither (then heldout is used).")
+    digest = hashlib.sha1(f"{data.heldout}|{data.source_lang}|{data.target_lang}".encode())
+    for split, *names in files:
+        for name in names:
+            digest.update(split.encode())
+            with paths.as_path(name).open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
     return TextConfig(
-        name=name,
-        source_file=str(files[0]),
-        target_file=str(files[1]),
+        name="text-" + digest.hexdigest()[:12],
+        files=tuple(files),
         source_lang=data.source_lang,
         target_lang=data.target_lang,
         heldout=data.heldout,

@@ -1,0 +1,359 @@
+"""Bad input is refused in one sentence before anything is written (issue: nothing lost or surprising)."""
+
+import math
+import sys
+
+import pytest
+from conftest import logged, train_command
+
+from configs import with_overrides
+from fxformer import cli, exitcodes, train
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"data.source_lang": "de"}, "two different languages"),
+        ({"learning_rate_scale": -1.0}, "learning_rate_scale must be a positive number"),
+        ({"learning_rate_scale": math.nan}, "learning_rate_scale must be a positive number"),
+        ({"learning_rate_scale": math.inf}, "learning_rate_scale must be a positive number"),
+        ({"adam_b2": 1.0}, "adam_b2 must be in [0, 1)"),
+        ({"adam_eps": 0.0}, "adam_eps must be positive"),
+        ({"model.d_model": 33, "model.d_k": 8, "model.d_v": 8}, "model.d_model must be even"),
+        ({"model.d_model": 33}, "not divisible by model.num_heads"),
+        ({"model.positional": "rotary"}, "model.positional must be"),
+    ],
+)
+def test_check_config_refuses_in_one_sentence(overrides, message):
+    config = with_overrides(cli.load_config("configs/default.py"), overrides)
+    with pytest.raises(cli.UserError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        train.check_config(config)
+
+
+def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
+    import subprocess
+
+    workdir = tmp_path / "w"
+    bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == exitcodes.USER_ERROR and "error: model.d_model" in bad.stderr and "33" in bad.stderr
+    assert not (workdir / "config.json").exists()
+    good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
+                          capture_output=True, text=True)  # fmt: skip
+    assert good.returncode == 0, good.stderr[-2000:]
+
+
+def test_params_counts_with_the_configs_vocabulary():
+    import subprocess
+    import sys
+
+    from fxformer.params import count_parameters
+
+    config = cli.load_config("configs/default.py")
+    out = subprocess.run([sys.executable, "-m", "fxformer.params", "--config=configs/default.py",
+                          "--config.data.vocab_size=8000"], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    expected = count_parameters(config.model, 8000)
+    assert f"{expected:,} parameters" in out.stdout and "8,000-token" in out.stdout
+    assert expected != count_parameters(config.model, 37000)
+
+
+def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_workdir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import env_with_devices
+
+    from fxformer.translate import split_lines
+
+    assert split_lines("a\fb\u2028c\r\n\nd".encode(), "x") == ["a\fb\u2028c", "", "d"]
+    with pytest.raises(cli.UserError, match="line 2"):
+        split_lines(b"fine\n\xff bad\n", "x")
+
+    command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
+    text = "The dog sees the man.\fToday the woman buys a book.\n\n   \nThe man sees the dog.\n"
+    result = subprocess.run(command, input=text, capture_output=True, text=True, env=env_with_devices(1))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout.split("\n")
+    assert len(out) == 5 and out[1] == "" and out[2] == "" and out[0] and out[3] and out[4] == ""
+
+    bad = subprocess.run(command, input=b"\xff\xfe\n", capture_output=True, env=env_with_devices(1))
+    assert bad.returncode == exitcodes.USER_ERROR and b"not UTF-8" in bad.stderr and b"Traceback" not in bad.stderr
+
+    many = tmp_path / "many.txt"
+    many.write_text("The dog sees the man.\n" * 200)
+    pipe = subprocess.run(f"{' '.join(command)} --input={many} | head -1", shell=True, capture_output=True, text=True,
+                          env=env_with_devices(1))  # fmt: skip
+    assert len(pipe.stdout.splitlines()) == 1 and "Traceback" not in pipe.stderr and "Broken pipe" not in pipe.stderr
+
+
+def test_d_k_and_d_v_follow_d_model_and_heads_unless_set():
+    p = cli.parser("", "test")
+    _, config = cli.parse(p, ["--config=configs/default.py", "--config.model.d_model=256"])
+    assert (config.model.d_k, config.model.d_v) == (256 // config.model.num_heads,) * 2
+    _, config = cli.parse(p, ["--config=configs/base.py", "--config.model.num_heads=16"])
+    assert (config.model.d_k, config.model.d_v) == (32, 32)
+    _, config = cli.parse(p, ["--config=configs/base.py", "--config.model.d_k=16"])
+    assert (config.model.d_k, config.model.d_v) == (16, 64)  # set: kept; the other follows
+    with pytest.raises(cli.UserError, match="not divisible by model.num_heads"):
+        cli.parse(p, ["--config=configs/base.py", "--config.model.num_heads=7"])
+    from configs import table3
+
+    assert [table3.get_config(r).model.d_k for r in ("base", "B1", "C4", "big")] == [64, 16, 32, 64]
+
+
+def test_divergence_watch():
+    watch = train.DivergenceWatch(4.0, vocab_size=1000)  # ceiling 3 ln 1000 = 20.7
+    assert watch.first_bad([7.0, 5.0, 3.0, 2.5, 4.0]) is None  # healthy, noisy
+    assert watch.first_bad([2.6, 11.0])[0] == 1  # 4.4 x the best 2.5
+    assert train.DivergenceWatch(4.0, 1000).first_bad([6.9, 6e10])[0] == 1  # from the first steps
+    assert train.DivergenceWatch(4.0, 1000).first_bad([0.2, 0.9]) is None  # 4.5x, but within 2 nats
+    assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
+
+
+def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_it(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices, final_params, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=20, checkpoint_every_steps=5, keep_checkpoints=2)
+    good = final_params(workdir)
+    result = subprocess.run(
+        train_command(workdir, data_dir, num_train_steps=60, checkpoint_every_steps=5, keep_checkpoints=2,
+                      learning_rate_scale=1e6),
+        env=env_with_devices(1), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr
+    assert "The training loss exploded to" in result.stderr or "non-finite" in result.stderr
+    assert "the last good checkpoint (step 20) is intact" in result.stderr
+    assert 20 in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    after = final_params(workdir)
+    assert all((good[k] == after[k]).all() for k in good)
+    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20",
+                                "--limit=5"], env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+
+
+def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(tmp_path, data_dir, corpus):
+    import shutil
+    import subprocess
+
+    from conftest import env_with_devices, run_train, small_config
+
+    from fxformer.data import corpora, tokenizer_for
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    other = small_config(data_dir, vocab_size=300)
+    shutil.copy(tokenizer_for(other.data, corpora.prepare(other.data)).path, workdir / "tokenizer.model")
+    for command in ("fxformer.evaluate", "fxformer.train"):
+        result = subprocess.run([sys.executable, "-m", command, f"--workdir={workdir}"],
+                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
+        assert "holds a different model" in result.stderr and "400 x 32 in the checkpoint vs 300 x 32" in result.stderr
+        assert "delete" not in result.stderr and "Traceback" not in result.stderr
+    assert (workdir / "checkpoints" / "2").exists()
+
+
+def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, corpus):
+    import shutil
+
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    shutil.rmtree(workdir / "checkpoints")
+    again = run_train(workdir, data_dir, num_train_steps=2)
+    assert "has metrics from an earlier run but no checkpoint: training starts from step 0" in again.stdout
+
+
+def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    leftover = workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234567"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "big.bin").write_bytes(b"0" * 1000)
+    again = run_train(workdir, data_dir, num_train_steps=4)
+    assert not leftover.exists() and "a save that never finished" in again.stdout
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
+
+
+def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.1, eval_every_steps=1)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and f"time budget of 0.1 minutes: saved step {saved[0]}" in result.stdout
+    assert "time budget ends in" in result.stdout
+    dev_steps = list(logged(workdir, "dev_ppl"))
+    assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
+
+
+def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    def run(*argv):
+        result = subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True)
+        assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr[-2000:]
+        return result.stderr.strip()
+
+    for content in ("", "{not json", "[1, 2]"):
+        workdir = tmp_path / f"w{len(content)}"
+        workdir.mkdir()
+        (workdir / "config.json").write_text(content)
+        assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={workdir}")
+        assert "config.json is damaged" in run("fxformer.train", f"--workdir={workdir}")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in run("fxformer.train", "--config=configs/default.py", f"--workdir={a_file}")
+    assert "lies under the file" in run("fxformer.evaluate", f"--workdir={a_file}/w")
+    assert "must be positive" in run("fxformer.evaluate", f"--workdir={tmp_path}", "--average_last=-3")
+
+    raising = tmp_path / "raising.py"
+    raising.write_text("def get_config():\n    return {}['missing']\n")
+    assert "failed in get_config(): KeyError" in run("fxformer.params", f"--config={raising}")
+    a_dict = tmp_path / "a_dict.py"
+    a_dict.write_text("def get_config():\n    return {'model': {}}\n")
+    assert "not a dict" in run("fxformer.params", f"--config={a_dict}")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module\n")
+    assert "failed to load: ModuleNotFoundError" in run("fxformer.params", f"--config={broken}")
+
+
+def test_plot_writes_learning_curves(tmp_path):
+    import json as _json
+    import subprocess
+
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        w = tmp_path / name
+        w.mkdir()
+        lines = [{"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9 / s} if s % 2 else {})}
+                 for s in range(1, 11)]  # fmt: skip
+        (w / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
+    result = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}",
+                             f"--workdir={tmp_path / 'b'}"], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    png = (tmp_path / "a" / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
+
+
+def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_device_workdir):
+    import json as _json
+    import subprocess
+
+    import sacrebleu
+    from conftest import env_with_devices
+
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={eight_device_workdir}", "--step=20", "--limit=8"]
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "\r" not in result.stderr and "beam search (test): 1/1" in result.stderr
+    written = _json.loads((eight_device_workdir / "eval" / "test-20-first8.json").read_text())
+    hyps = (eight_device_workdir / "eval" / "test-20-first8.hyp.txt").read_text().splitlines()
+    refs = (eight_device_workdir / "eval" / "test-20-first8.ref.txt").read_text().splitlines()
+    assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert f"chrF {written['chrf']:.2f}" in result.stdout
+
+
+def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, data_dir, corpus):
+    import json as _json
+    import subprocess
+
+    from conftest import env_with_devices, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10,
+              keep_checkpoints=1)  # fmt: skip
+    dev = logged(workdir, "dev_ppl")
+    best_step = min(dev, key=dev.get)
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation"]
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
+    assert written["checkpoint_steps"] == [best_step]
+    assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
+    bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
+                         env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
+
+
+def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import TINY, env_with_devices
+
+    _, builder, _ = corpus
+    from fxformer.data import corpora as corpora_source
+
+    files = {}
+    for split, name in (("train", "train"), ("validation", "valid"), ("test", "test")):
+        records = corpora_source.data_source(builder, split)
+        for lang in ("en", "de"):
+            lines = [records[i][lang].decode() for i in range(len(records))]
+            if split == "train" and lang == "en":
+                lines[5] = "   "  # a blank source: its pair is dropped, the rest stay aligned
+            path = tmp_path / f"{name}.{lang}"
+            path.write_text("".join(line + "\n" for line in lines))
+            files[(split, lang)] = path
+    data = {"dataset": "text", "source_file": files["train", "en"], "target_file": files["train", "de"],
+            "validation_source_file": files["validation", "en"], "validation_target_file": files["validation", "de"],
+            "test_source_file": files["test", "en"], "test_target_file": files["test", "de"],
+            "tfds_data_dir": tmp_path / "tfds"}  # fmt: skip
+    flags = [f"--config.{k}={v}" for k, v in TINY.items() if not k.startswith("data.num_")]
+    flags += [f"--config.data.{k}={v}" for k, v in data.items()]
+    workdir = tmp_path / "w"
+    train_run = subprocess.run([sys.executable, "-m", "fxformer.train", "--config=configs/default.py",
+                                f"--workdir={workdir}", "--config.num_train_steps=2", *flags],
+                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert train_run.returncode == 0, train_run.stderr[-2000:]
+    assert "1 of 3,000 pairs" in train_run.stdout and "have an empty side; dropped" in train_run.stdout
+    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--split=test"],
+                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
+
+
+def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data_dir, corpus):
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=4, log_every_steps=2, checkpoint_every_steps=4)
+    first = logged(workdir, "tokens_seen")
+    resumed = run_train(workdir, data_dir, num_train_steps=8, log_every_steps=2, checkpoint_every_steps=4)
+    seen, wall = logged(workdir, "tokens_seen"), logged(workdir, "wall_s")
+    assert list(seen) == [2, 4, 6, 8] and {k: seen[k] for k in first} == first
+    assert all(b > a for a, b in zip(list(seen.values()), list(seen.values())[1:]))  # counted on across the resume
+    assert all(b >= a for a, b in zip(list(wall.values()), list(wall.values())[1:]))
+    tokens_per_step = seen[2] / 2
+    assert seen[8] == pytest.approx(4 * seen[4] / 2, rel=0.3) and tokens_per_step > 0
+    assert "tgt tok/s" in resumed.stdout
+
+
+def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
+    import subprocess
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
+    command = train_command(workdir, data_dir, num_train_steps=200, eval_every_steps=2, learning_rate_scale=1e-9,
+                            early_stopping_patience=1, best_metric="dev_accuracy")  # fmt: skip
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+    assert "early stopping" in result.stdout
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
