@@ -66,10 +66,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
         raise UserError(f"Checkpoint {mngr.directory}/{step} is missing or incomplete.") from None
     except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
         if data_iterator is not None and "process_" in str(e):
-            raise UserError(
-                f"Checkpoint {mngr.directory}/{step} was written by a different number of processes; "
-                "resume with the same process count."
-            ) from None
+            raise UserError(data_position_problem(mngr.directory, step)) from None
         raise UserError(
             f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
             "delete that step's directory or pick another with --step."
@@ -96,6 +93,23 @@ def shape_mismatch(directory, step: int, abstract_state) -> str | None:
             return f"{key} is {size(saved[key])} in the checkpoint vs {size(shape)}"
     extra = sorted(set(saved) - set(wanted))
     return f"{extra[0]} is in the checkpoint but not in the model" if extra else None
+
+
+def data_position_problem(directory, step: int) -> str:
+    """Why the data iterator's position at `step` cannot be read, in one sentence."""
+    data = paths.as_path(directory) / str(step) / "data"
+    saved = sorted(p.name for p in data.iterdir() if p.name.startswith("process_")) if data.exists() else []
+    counts = {name.rsplit("-of-", 1)[-1].removesuffix(".json") for name in saved}
+    if counts and counts != {str(jax.process_count())}:
+        return (
+            f"Checkpoint {directory}/{step} was written by {', '.join(sorted(counts))} process(es), not "
+            f"{jax.process_count()}; resume with the same process count."
+        )
+    return (
+        f"Checkpoint {directory}/{step} lacks this process's data position ({data}/process_{jax.process_index()}"
+        f"-of-{jax.process_count()}.json); the parameters are intact: restore that file, or resume from another "
+        "checkpoint by moving this step's directory aside."
+    )
 
 
 def abstract_like(tree, sharding) -> object:
@@ -125,7 +139,10 @@ def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> t
     try:
         out = mngr.restore(step, args=args)
     except Exception as e:
-        raise UserError(f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}).") from None
+        raise UserError(
+            f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); it is only a cache: "
+            f"delete {mngr.directory}/{step} and it is averaged again from the training checkpoints."
+        ) from None
     return out["params"], out["meta"]
 
 

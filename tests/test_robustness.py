@@ -357,3 +357,31 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     assert "early stopping" in result.stdout
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
+
+
+def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do(tmp_path, data_dir, corpus):
+    import shutil
+    import subprocess
+
+    from conftest import env_with_devices, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
+    (workdir / "checkpoints" / "4" / "data" / "process_0-of-1.json").unlink()
+    resumed = subprocess.run(train_command(workdir, data_dir, num_train_steps=6, checkpoint_every_steps=2),
+                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == exitcodes.USER_ERROR and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
+    assert "different number of processes" not in resumed.stderr
+    assert "checkpoints/4" in resumed.stderr and "data position" in resumed.stderr, resumed.stderr
+
+    evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--average_last=2", "--limit=4"]
+    assert subprocess.run(evaluate, env=env_with_devices(1), capture_output=True).returncode == 0
+    averaged = workdir / "averaged" / "last2" / "4"
+    for path in averaged.rglob("*"):
+        if path.is_file() and path.name != "_CHECKPOINT_METADATA":
+            path.write_bytes(b"garbage")
+    broken = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
+    assert broken.returncode == exitcodes.USER_ERROR and "Traceback" not in broken.stderr
+    assert "it is only a cache" in broken.stderr and f"delete {averaged}" in broken.stderr
+    shutil.rmtree(averaged)
+    assert subprocess.run(evaluate, env=env_with_devices(1), capture_output=True).returncode == 0
