@@ -14,18 +14,3 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
             raise KeyError(f"{key} is not a config field")
         node[leaf] = value
     return config
-
-
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Fill the derived fields: `model.d_k` / `model.d_v` of 0 mean d_model / num_heads (the paper's
-    choice), so changing d_model or h changes the heads' width unless d_k / d_v are set."""
-    model = config.model
-    for key in ("d_k", "d_v"):
-        if model[key] == 0 and model.num_heads > 0:
-            if model.d_model % model.num_heads:
-                raise ValueError(
-                    f"model.d_model ({model.d_model}) is not divisible by model.num_heads ({model.num_heads}); "
-                    f"set model.{key} explicitly."
-                )
-            model[key] = model.d_model // model.num_heads
-    return config

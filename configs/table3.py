@@ -17,7 +17,8 @@ Profiles:
 
 import ml_collections
 
-from configs import base, big, resolve, with_overrides
+from configs import base, big, with_overrides
+from fxformer.cli import resolve_derived
 
 ROWS = {
     "base": {},
@@ -149,7 +150,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         config.num_train_steps = round(config.num_train_steps * factors["steps"])
         config = with_overrides(config, scaled(ROWS[row], factors))
     config.average_last = 1
-    return resolve(config)  # d_k and d_v explicit in every row, as in the paper's table
+    return resolve_derived(config)  # d_k and d_v explicit in every row, as in the paper's table
 
 
 # The paper's Table 3 layout: column label -> config field (a blank cell = the base row's value).

@@ -215,7 +215,7 @@ def backend_for(args: argparse.Namespace):
 
 
 def main(verb: str, argv: list[str]) -> int:
-    ours, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ours, train_flags = worker.split_at_dashes(argv)
     p = argparse.ArgumentParser(
         prog=f"python -m experiments {verb}",
         description=f"{VERBS[verb]}.\n\n{__doc__}",

@@ -27,7 +27,7 @@ from pathlib import Path
 from experiments import launch, rowstate
 from experiments import sweep as sweeps
 from experiments.group import LaunchError, say
-from experiments.worker import flag_value
+from experiments.worker import flag_value, split_at_dashes
 from fxformer import exitcodes, paths
 from fxformer.metrics import duration
 
@@ -340,7 +340,7 @@ def status(ctx: Context, runs: list[sweeps.Run]) -> int:
 
 
 def main(verb: str, argv: list[str]) -> int:
-    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ours, extra = split_at_dashes(argv)
     args = parser(verb).parse_args(ours)
     if args.max_attempts < 1:
         raise LaunchError(f"--max_attempts must be at least 1, not {args.max_attempts}.")

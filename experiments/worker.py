@@ -37,6 +37,14 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return value
 
 
+def split_at_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our flags, the flags after `--` that belong to the fxformer command)."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
+
+
 def running_pid(rundir: Path) -> int | None:
     """The pid recorded in DIR/pid if that process is alive and is an fxformer command, else None."""
     try:
@@ -109,7 +117,7 @@ def _follow(child: subprocess.Popen, log_path: Path, start: int, echo) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ours, train_flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ours, train_flags = split_at_dashes(argv)
     p = argparse.ArgumentParser(prog="python -m experiments.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--rundir", required=True, help="where this host keeps worker.log and pid")

@@ -50,6 +50,8 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         config = module.get_config(arg) if arg else module.get_config()
     except ValueError as e:  # config files raise ValueError for a bad argument
         raise UserError(str(e)) from None
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - a bug in the config file: name it, in one line
         raise UserError(f"Config file '{path}' failed in get_config(): {type(e).__name__}: {e}.") from None
     if not isinstance(config, ml_collections.ConfigDict):
@@ -150,15 +152,25 @@ def parse(
     return args, config
 
 
-def resolve_derived(config: ml_collections.ConfigDict) -> None:
-    """Fill fields derived from others after the overrides (`configs.resolve`: d_k, d_v)."""
-    import configs
+def head_width(d_model: int, num_heads: int, key: str) -> int:
+    """What `model.d_k` / `model.d_v` of 0 mean: d_model / h, the paper's choice (refused when h
+    does not divide d_model)."""
+    if d_model % num_heads:
+        raise UserError(
+            f"model.d_model ({d_model}) is not divisible by model.num_heads ({num_heads}); set model.{key} explicitly."
+        )
+    return d_model // num_heads
 
-    if "model" in config and all(k in config.model for k in ("d_k", "d_v", "d_model", "num_heads")):
-        try:
-            configs.resolve(config)
-        except ValueError as e:
-            raise UserError(str(e)) from None
+
+def resolve_derived(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Fill fields derived from others, after the overrides: `model.d_k` / `model.d_v` of 0 become
+    d_model / h, so changing d_model or h changes the heads' width unless d_k / d_v are set."""
+    model = config.get("model")
+    if model is not None and all(k in model for k in ("d_k", "d_v", "d_model", "num_heads")):
+        for key in ("d_k", "d_v"):
+            if model[key] == 0 and model.num_heads > 0:
+                model[key] = head_width(model.d_model, model.num_heads, key)
+    return config
 
 
 def log_to_stderr(*args, **kwargs) -> None:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer.cli import UserError
+from fxformer.cli import UserError, head_width
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -52,12 +52,7 @@ class TransformerConfig:
         """Resolve d_k = d_v = 0 to d_model / h; refuse settings the model cannot be built with."""
         for key in ("d_k", "d_v"):
             if getattr(self, key) == 0 and self.num_heads > 0:
-                if self.d_model % self.num_heads:
-                    raise UserError(
-                        f"model.d_model ({self.d_model}) is not divisible by model.num_heads ({self.num_heads}); "
-                        f"set model.{key} explicitly."
-                    )
-                object.__setattr__(self, key, self.d_model // self.num_heads)
+                object.__setattr__(self, key, head_width(self.d_model, self.num_heads, key))
         sizes = {f: getattr(self, f) for f in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "max_len")}
         rates = {f: getattr(self, f) for f in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")}
         problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]

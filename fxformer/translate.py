@@ -36,7 +36,7 @@ def main() -> None:
             data = paths.as_path(args.input).read_bytes()
         except OSError as e:
             raise cli.UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
-    lines = split_lines(data, "stdin" if args.input == "-" else args.input)
+    lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
     log = cli.log_to_stderr
     config, model, tokenizer, params, steps, mesh, _ = restore_for_inference(
         args.workdir, args.step, args.average_last, log
@@ -62,19 +62,6 @@ def main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:  # `translate | head -1`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def split_lines(data: bytes, where: str) -> list[str]:
-    """UTF-8 text -> its lines, split on newlines only (CRLF too), without a final empty line."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise cli.UserError(f"{where} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 if __name__ == "__main__":

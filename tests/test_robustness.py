@@ -64,7 +64,7 @@ def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_wo
 
     from conftest import env_with_devices
 
-    from fxformer.translate import split_lines
+    from fxformer.paths import split_lines
 
     assert split_lines("a\fb\u2028c\r\n\nd".encode(), "x") == ["a\fb\u2028c", "", "d"]
     with pytest.raises(cli.UserError, match="line 2"):

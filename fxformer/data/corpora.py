@@ -76,15 +76,7 @@ def _read_lines(path: str) -> list[str]:
     """Lines of a text file (plain or .gz, local or a URL), split on newlines only, without line ends."""
     with paths.as_path(path).open("rb") as raw:
         data = gzip.GzipFile(fileobj=raw).read() if path.endswith(".gz") else raw.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return paths.split_lines(data, path)
 
 
 def _read_pairs(source_file: str, target_file: str) -> list[tuple[str, str]]:
