@@ -7,6 +7,9 @@ An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps 
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import grain
 import jax
 import jax.numpy as jnp
@@ -38,12 +41,90 @@ def remove_unfinished(directory: paths.PathLike, log=print) -> None:
             path.rmtree() if path.is_dir() else path.unlink()
 
 
+class SaveFailed(UserError):
+    """A checkpoint could not be written (a full disk, a lost bucket); the earlier ones are intact."""
+
+
+def complete_steps(directory: paths.PathLike) -> list[int]:
+    """The steps whose saves finished (an unfinished one is still named `<step>.orbax-checkpoint-tmp...`)."""
+    directory = paths.as_path(directory)
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
+    """One sentence: why the save failed and which checkpoint the next run resumes from."""
+    text = str(error)
+    reason = paths.unwritable(error) or next(
+        (words for words in ("No space left on device", "Read-only file system", "Permission denied",
+                             "Disk quota exceeded", "File too large") if words in text),  # fmt: skip
+        f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}",
+    )
+    if step is None:  # the save that failed is the one left unfinished
+        unfinished = [p.name.split(".")[0] for p in paths.as_path(directory).iterdir() if TEMPORARY in p.name]
+        step = int(unfinished[-1]) if unfinished and unfinished[-1].isdigit() else None
+    done = [s for s in complete_steps(directory) if s != step]
+    last = f"the last complete checkpoint is {directory}/{done[-1]}" if done else "no checkpoint is complete"
+    what = f"Saving step {step}" if step is not None else "A save"
+    return SaveFailed(
+        f"{what} to {directory} failed ({reason}); {last}: free space there (or fix the directory) and run the "
+        "same command to resume from it."
+    )
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
-    """Start writing `state` (and the data iterator's position) at `step`; returns before it is written."""
+    """Start writing `state` (and the data iterator's position) at `step`; returns before it is
+    written. A failure of an earlier background save is raised here (or by `check`, `wait`) as SaveFailed."""
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    try:
+        mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    except Exception as e:  # noqa: BLE001 - orbax wraps OS errors in ValueError / RuntimeError
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def check(mngr: ocp.CheckpointManager) -> None:
+    """Raise SaveFailed now if a background save has failed (cheap: no waiting)."""
+    try:
+        mngr.check_for_errors()
+    except Exception as e:  # noqa: BLE001
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def wait(mngr: ocp.CheckpointManager) -> None:
+    """Block until the background save is written; SaveFailed if it was not."""
+    try:
+        mngr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def _quiet_closed_loop(hook):
+    """`hook` (sys.excepthook / sys.unraisablehook), silent about orbax's write callbacks that land
+    on an event loop already closed by a failed save; everything else is reported as before."""
+
+    def quiet(*args):
+        error = args[1] if len(args) == 3 else getattr(args[0], "exc_value", None)
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(*args)
+
+    return quiet
+
+
+sys.excepthook = _quiet_closed_loop(sys.excepthook)
+sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+
+
+def close(mngr: ocp.CheckpointManager, failing: bool = False) -> None:
+    """Wait for the last save and close; `failing` (the run is already stopping on an error):
+    a second failure is not reported, and the dying background saves are silenced."""
+    try:
+        wait(mngr)
+        mngr.close()
+    except SaveFailed:
+        if not failing:
+            raise
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)  # orbax's abandoned writes
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):

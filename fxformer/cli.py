@@ -182,6 +182,8 @@ def run(main: Callable[[], int | None]) -> None:
     """Run a command's main; a UserError becomes one line on stderr and exit status 2 (`exitcodes`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS and orbax chatter; our own output is print()
+    # orbax logs each background thread's failure with a traceback; fxformer reports a failed save itself
+    absl_logging.get_absl_logger().addFilter(lambda record: "/orbax/" not in record.pathname)
     try:
         sys.exit(main() or 0)
     except UserError as e:
@@ -190,3 +192,14 @@ def run(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as e:
+        from fxformer.paths import unwritable  # paths imports this module
+
+        if unwritable(e) is None:
+            raise
+        print(
+            f"error: cannot write {e.filename or 'a file'} ({unwritable(e)}); free space there or make it "
+            "writable (or choose another --workdir), then run the same command again.",
+            file=sys.stderr,
+        )
+        sys.exit(exitcodes.USER_ERROR)

@@ -8,8 +8,11 @@ local folder named `gs:` on every host). This module imports no JAX.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
+import socket
 
 from etils import epath
 
@@ -48,9 +51,52 @@ def write_atomic(path: PathLike, data: str | bytes) -> None:
             f.write(data)
         return
     tmp = path.parent / f".{path.name}.tmp"
-    with tmp.open(mode) as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with tmp.open(mode) as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+
+
+# Why a write failed, for the errors a user fixes outside fxformer (errno -> words).
+UNWRITABLE = {
+    errno.ENOSPC: "no space left on the disk",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file size limit is reached",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def unwritable(error: BaseException) -> str | None:
+    """Words for an OSError a user fixes by freeing space or changing permissions (else None)."""
+    return UNWRITABLE.get(error.errno) if isinstance(error, OSError) else None
+
+
+def check_writable(directory: PathLike, why: str) -> None:
+    """Refuse, in one sentence and before any work, a local directory this process cannot write
+    (read-only, full, not permitted): a probe file is created, flushed to the disk and removed.
+    `why` says what would be written there."""
+    if is_url(directory):
+        return  # an object store answers on the first real write
+    path = as_path(directory)
+    probe = path / f".fxformer-probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 65536)  # a few blocks: a disk with a few bytes left is full for a checkpoint
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        reason = unwritable(e) or e.strerror or type(e).__name__
+        raise UserError(f"Cannot write to {directory} ({reason}), where {why}; free space there, "
+                        "make it writable, or choose another directory.") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
 
 
 def split_lines(data: bytes, where: str) -> list[str]:

@@ -388,7 +388,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         if found is not None:
             index, what = found
             first_bad = step - len(fetched) + 1 + index
-            mngr.wait_until_finished()
+            checkpoint.wait(mngr)
             for saved in mngr.all_steps():
                 if saved >= first_bad - 1:
                     mngr.delete(saved)
@@ -468,17 +468,22 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             if save_now:
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
+            elif logged:
+                checkpoint.check(mngr)  # a failed background save stops the run now, not at the next save
             if stopping:
-                mngr.wait_until_finished()
+                checkpoint.wait(mngr)
                 reason = (
                     stop.early or stop.name or (f"time budget of {budget_s / 60:g} minutes" if out_of_time() else "")
                 )
                 reason = reason or "a signal to another process"
                 log(f"{reason}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
+    except BaseException:
+        checkpoint.close(mngr, failing=True)
+        raise
+    else:
+        checkpoint.close(mngr)
     finally:
-        mngr.wait_until_finished()
-        mngr.close()
         best.close()
         writer.close()
     if length_filter.overlong_pairs:
@@ -522,6 +527,7 @@ def main() -> int:
     stop = StopRequest()  # from the start: a pre-emption during data preparation is kept too
     args, config = cli.parse(p)
     paths.check_workdir(args.workdir)
+    paths.check_writable(args.workdir, "the run's config, checkpoints and metrics are written")
     workdir = paths.Workdir(args.workdir)
     if config is None:  # resume a run with the config it was started with
         if not workdir.config.exists():
