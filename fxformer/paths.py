@@ -92,8 +92,10 @@ def check_writable(directory: PathLike, why: str) -> None:
             os.fsync(f.fileno())
     except OSError as e:
         reason = unwritable(e) or e.strerror or type(e).__name__
-        raise UserError(f"Cannot write to {directory} ({reason}), where {why}; free space there, "
-                        "make it writable, or choose another directory.") from None
+        raise UserError(
+            f"Cannot write to {directory} ({reason}), where {why}; free space there, "
+            "make it writable, or choose another directory."
+        ) from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)

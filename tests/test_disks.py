@@ -88,7 +88,8 @@ def test_evaluate_refuses_a_read_only_or_full_workdir_before_evaluating(eight_de
     mnt.mkdir()
     full = in_namespace(
         f"mount -t tmpfs -o size={kib_used(copy) + 512}k tmpfs {mnt} && cp -r {copy} {mnt}/w && rm -rf {mnt}/w/eval"
-        f" && (dd if=/dev/zero of={mnt}/fill bs=4k 2>/dev/null; true) && {shlex.join([*evaluate, f'--workdir={mnt}/w'])}"
+        f" && (dd if=/dev/zero of={mnt}/fill bs=4k 2>/dev/null; true)"
+        f" && {shlex.join([*evaluate, f'--workdir={mnt}/w'])}"
     )
     one_sentence(full, f"Cannot write to {mnt}/w/eval (no space left on the disk)")
     assert "beam search" not in full.stderr
