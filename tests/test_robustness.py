@@ -321,6 +321,7 @@ def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir
                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert train_run.returncode == 0, train_run.stderr[-2000:]
     assert "1 of 3,000 pairs" in train_run.stdout and "have an empty side; dropped" in train_run.stdout
+    assert "data: prepared in" in train_run.stdout and "Unknown size" not in train_run.stdout  # nothing downloaded
     evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--split=test"],
                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
@@ -385,3 +386,13 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
     assert "it is only a cache" in broken.stderr and f"delete {averaged}" in broken.stderr
     shutil.rmtree(averaged)
     assert subprocess.run(evaluate, env=env_with_devices(1), capture_output=True).returncode == 0
+
+
+def test_a_failed_preparation_names_the_readme_section_of_its_dataset():
+    from fxformer.data import corpora as corpora_source
+
+    text = with_overrides(cli.load_config("configs/default.py"), {"data.dataset": "text"}).data
+    wmt = with_overrides(cli.load_config("configs/default.py"), {"data.dataset": "wmt14_translate/de-en"}).data
+    assert "WMT" not in corpora_source.prepare_failure(ValueError("bad line"), text)
+    assert "'Data' section" in corpora_source.prepare_failure(ValueError("bad line"), text)
+    assert "'WMT 2014' section" in corpora_source.prepare_failure(ValueError("403"), wmt)
