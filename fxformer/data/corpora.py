@@ -219,7 +219,7 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
         except Exception as e:  # noqa: BLE001 - TFDS and the builders raise many kinds
             if paths.unwritable(e):
                 raise  # a full or read-only disk: the command names the file in one sentence
-            raise UserError(f"Could not prepare '{data.dataset}' in {builder.data_dir} ({prepare_failure(e, data)}") from None
+            raise UserError(prepare_failure(e, data, builder.data_dir)) from None
         log(f"data: prepared in {time.time() - started:.0f}s")
     if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
         raise UserError(
@@ -229,9 +229,9 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
     return builder
 
 
-def prepare_failure(error: Exception, data: ml_collections.ConfigDict) -> str:
-    """The end of the sentence for a failed preparation: what failed, and where to read more."""
-    what = f"{type(error).__name__}: {str(error)[:200]})"
+def prepare_failure(error: Exception, data: ml_collections.ConfigDict, where="") -> str:
+    """One sentence for a failed preparation: what failed, and where to read more."""
+    what = f"Could not prepare '{data.dataset}' in {where} ({type(error).__name__}: {str(error)[:200]})"
     if data.dataset.startswith("wmt"):
         return what + "; see the README's 'WMT 2014' section."
     return what + "; see the README's 'Data' section."
