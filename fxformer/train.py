@@ -422,12 +422,15 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     tokens = {"seen": 0.0, "steps": 0}  # target tokens over logged steps, for tokens/s
     earlier = writer.last()  # what the run had done before this attempt (metrics.jsonl up to start_step)
     tokens_before, wall_before = earlier.get("tokens_seen", 0.0), earlier.get("wall_s", 0.0)
+    pairs = {"seen": 0, "total": len(train_source)}  # training pairs consumed, for epochs
+    epochs_before = earlier.get("epochs", 0.0)
     if step < config.num_train_steps and agree(step, False, now=True)[1]:  # during data preparation or compiling
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         step = config.num_train_steps  # skip the loop; the returned state is the checkpoint's
     try:
         while step < config.num_train_steps:
             local = next(data_iterator)
+            pairs["seen"] += pairs_in(local) * jax.process_count()  # the processes read equal shares
             rng = jax.random.fold_in(state.rng, step)
             state, metrics = p_train_step(state, parallel.global_batch(mesh, local), rng)
             step += 1
@@ -457,6 +460,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             if logged:
                 logged["tokens_seen"] = tokens_before + tokens["seen"]
                 logged["wall_s"] = round(wall_before + time.time() - started, 1)
+                logged["epochs"] = round(epochs_before + pairs["seen"] / kept_pairs(pairs["total"], length_filter), 4)
                 writer.write(step, {k: v for k, v in logged.items() if k != "tokens"})
             if logged or time.time() - last_console >= 5.0:  # a console line every few seconds, and at every log
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
@@ -489,6 +493,19 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")
     return state
+
+
+def pairs_in(batch: dict) -> int:
+    """Sentence pairs in a packed batch: each row numbers its pairs 1, 2, ... in its segment ids."""
+    return int(batch["targets_segment_ids"].max(axis=1).sum())
+
+
+def kept_pairs(total: int, length_filter) -> float:
+    """Training pairs in one epoch: the split's pairs less those the length filter drops (the
+    share dropped so far estimates the share of the whole split)."""
+    if length_filter.overlong != "drop" or not length_filter.seen:
+        return float(max(total, 1))
+    return max(total * (1 - length_filter.overlong_pairs / length_filter.seen), 1.0)
 
 
 def per_token_step(metrics: dict) -> dict[str, float]:

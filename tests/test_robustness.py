@@ -342,6 +342,17 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
     tokens_per_step = seen[2] / 2
     assert seen[8] == pytest.approx(4 * seen[4] / 2, rel=0.3) and tokens_per_step > 0
     assert "tgt tok/s" in resumed.stdout
+    # epochs: passes over the kept training pairs, so about tokens seen / target tokens of the kept pairs
+    config, builder, tokenizer = corpus
+    from fxformer.data import corpora as corpora_source
+
+    source = corpora_source.data_source(builder, "train")
+    lengths = [(len(tokenizer.encode(source[i]["en"].decode())), len(tokenizer.encode(source[i]["de"].decode())))
+               for i in range(len(source))]  # fmt: skip
+    kept_target_tokens = sum(t for s, t in lengths if max(s, t) <= config.data.max_length)
+    epochs = logged(workdir, "epochs")
+    assert list(epochs) == [2, 4, 6, 8] and all(b > a for a, b in zip(list(epochs.values()), list(epochs.values())[1:]))
+    assert epochs[8] == pytest.approx(seen[8] / kept_target_tokens, rel=0.15)
 
 
 def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
