@@ -76,7 +76,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every_steps = 5000
     config.eval_batches = 0  # dev batches per periodic evaluation (0 = the whole split)
     config.seed = 0
-    config.best_metric = "dev_ppl"  # keeps the parameters with the best of it in W/best ("" = off)
+    config.dev_bleu_every_steps = 0  # beam-search BLEU on the dev split's first sentences (0 = off; slow)
+    config.dev_bleu_sentences = 200  # how many (0 = the whole dev split)
+    config.best_metric = "dev_ppl"  # dev_ppl, dev_loss, dev_accuracy or dev_bleu: its best kept in W/best ("" = off)
     config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
     config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)

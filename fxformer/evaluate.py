@@ -10,36 +10,20 @@ signature, ...) and the detokenized translations beside it (`.hyp.txt`, with `.r
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import ml_collections
-import numpy as np
 import sacrebleu
-from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, cli, decode, parallel, paths, train
+from fxformer import checkpoint, cli, parallel, paths, train
 from fxformer.data import corpora, pipeline
 from fxformer.data.tokenizer import Tokenizer
-from fxformer.metrics import duration
+from fxformer.inference import bleu as corpus_bleu
+from fxformer.inference import source_length, translate_examples, translator
 from fxformer.model import Transformer
-
-
-def progress(done: int, total: int, start: float, what: str) -> None:
-    """`what: done/total, ETA` on stderr: one line rewritten in place on a terminal; in a log
-    file, a line at every tenth of the work (no carriage returns)."""
-    elapsed = time.time() - start
-    eta = duration(elapsed / done * (total - done)) if done else "?"
-    if sys.stderr.isatty():
-        end = "\n" if done == total else ""
-        print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
-    elif done == total or done * 10 // total != (done - 1) * 10 // total:
-        print(f"{what}: {done}/{total} ETA {eta}", file=sys.stderr, flush=True)
 
 
 class Restored(NamedTuple):
@@ -121,36 +105,6 @@ def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log
     return params
 
 
-def translator(model, mesh, beam_size: int, alpha: float, max_extra: int):
-    """A jitted (params, inputs [b, l]) -> best outputs [b, l + max_extra], rows split over devices."""
-    search = functools.partial(decode.beam_search, model.config, beam_size=beam_size, alpha=alpha, max_extra=max_extra)
-    best = lambda params, inputs: search(params, inputs)[0][:, 0]
-    return jax.jit(
-        best,
-        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
-        out_shardings=parallel.sharded_rows(mesh),
-    )
-
-
-def translate_examples(
-    translate, params, examples: list[dict], tokenizer: Tokenizer, batch_size: int, length: int, mesh, what: str
-) -> list[str]:
-    """Detokenized best translation of every example's `inputs`, in order."""
-    out = [""] * len(examples)
-    batch_size = parallel.round_to_devices(batch_size)
-    batches = list(pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()))
-    start = time.time()
-    for i, batch in enumerate(batches):
-        inputs = parallel.global_batch(mesh, {"inputs": batch["inputs"]})["inputs"]
-        outputs = multihost_utils.process_allgather(translate(params, inputs), tiled=True)
-        index = multihost_utils.process_allgather(batch["index"], tiled=False).reshape(-1)
-        for row, j in zip(np.asarray(outputs), index):
-            if j >= 0:
-                out[j] = tokenizer.decode(row)
-        progress(i + 1, len(batches), start, what)
-    return out
-
-
 def evaluate(
     workdir: paths.PathLike,
     split: str = "test",
@@ -180,8 +134,7 @@ def evaluate(
     hypotheses = translate_examples(
         translate, params, examples, tokenizer, data.eval_batch_size, length, mesh, f"beam search ({split})"
     )
-    bleu = sacrebleu.metrics.BLEU()
-    score = bleu.corpus_score(hypotheses, [references])
+    score, signature = corpus_bleu(hypotheses, references)
     chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
 
     name = (
@@ -202,7 +155,7 @@ def evaluate(
         "beam_size": beam_size,
         "alpha": alpha,
         "sacrebleu": str(score),
-        "signature": str(bleu.get_signature()),
+        "signature": signature,
         "num_params": sum(x.size for x in jax.tree.leaves(params)),
         "devices": jax.device_count(),
     }
@@ -242,17 +195,6 @@ def parse_inference_args(p):
         raise cli.UserError("--beam_size must be at least 1 and --alpha at least 0.")
     parallel.join_cluster(args)
     return args
-
-
-def source_length(examples: list[dict], model, max_decode_extra: int, log=print) -> int:
-    """Padded source length for beam search, leaving room for input + max_decode_extra output positions."""
-    limit = model.config.max_len - max_decode_extra
-    longer = sum(len(e["inputs"]) > limit for e in examples)
-    if longer:
-        log(
-            f"warning: {longer} of {len(examples)} sources are cut to {limit} tokens (model.max_len - max_decode_extra)"
-        )
-    return pipeline.eval_length(examples, limit)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, cli, exitcodes, optim, parallel, paths
+from fxformer import checkpoint, cli, exitcodes, inference, optim, parallel, paths
 from fxformer.data import corpora, pipeline, tokenizer_for
 from fxformer.metrics import MetricWriter, duration, per_token
 from fxformer.model import Transformer, TransformerConfig
@@ -155,9 +155,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise cli.UserError(f"{key} must be in [0, 1), not {config[key]}.")
     if not config.adam_eps > 0:
         raise cli.UserError(f"adam_eps must be positive, not {config.adam_eps}.")
-    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy")
+    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")
     if config.get("best_metric", "") not in metrics:
         raise cli.UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
+    if config.get("dev_bleu_every_steps", 0) < 0 or config.get("dev_bleu_sentences", 0) < 0:
+        raise cli.UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
+    if config.get("best_metric") == "dev_bleu" and not config.get("dev_bleu_every_steps", 0):
+        raise cli.UserError("best_metric=dev_bleu needs dev BLEU during training: set dev_bleu_every_steps, e.g. 5000.")
     TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
 
 
@@ -342,9 +346,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     )
     data_iterator = iter(train_ds)
     dev_limit = config.eval_batches * config.data.eval_batch_size
-    dev_examples = pipeline.tokenize_split(
-        corpora.data_source(builder, config.data.eval_split), tokenizer, config.data, dev_limit
-    )
+    dev_source = corpora.data_source(builder, config.data.eval_split)
+    dev_examples = pipeline.tokenize_split(dev_source, tokenizer, config.data, dev_limit)
+    bleu_every = config.get("dev_bleu_every_steps", 0)  # older configs lack it
+    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
 
     if jax.process_index() == 0:
         checkpoint.remove_unfinished(workdir.checkpoints, log)
@@ -444,14 +449,18 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             time_due, stopping = agree(step, 0 < minutes <= (time.time() - last_save) / 60)
             save_now = step % config.checkpoint_every_steps == 0 or final or time_due or stopping
             evaluate_now = (step % config.eval_every_steps == 0 and not stopping) or final  # a stop does not wait
+            bleu_due = dev_bleu is not None and ((step % bleu_every == 0 and not stopping) or final)
             logged = {}
-            if step % config.log_every_steps == 0 or evaluate_now or save_now:  # never save unchecked losses
+            if step % config.log_every_steps == 0 or evaluate_now or bleu_due or save_now:  # never save unchecked
                 tokens["steps"] += len(pending)
                 logged = flush(step)
                 tokens["seen"] += logged["tokens"]
             if evaluate_now:
                 max_len = model.config.max_len
                 logged.update(evaluate_loss(p_eval_step, state.params, dev_examples, config, mesh, max_len, "dev_"))
+            if bleu_due:
+                logged["dev_bleu"] = dev_bleu(state.params)
+            if evaluate_now or bleu_due:
                 best.offer(step, logged, state.params, log)
                 patience = config.get("early_stopping_patience", 0)
                 if patience and best.stale >= patience and not final:
@@ -522,6 +531,8 @@ def console_line(step, total, m, window, tokens_per_step, now, budget_left=None)
         parts += [f"loss {m['loss']:.3f}", f"ppl {m['ppl']:.2f}", f"lr {m['learning_rate']:.2e}"]
     if "dev_ppl" in m:
         parts += [f"dev loss {m['dev_loss']:.3f}", f"dev ppl {m['dev_ppl']:.3f}"]
+    if "dev_bleu" in m:
+        parts.append(f"dev BLEU {m['dev_bleu']:.2f}")
     since, since_step = window or (now, step)  # speed since the previous console line
     elapsed = now - since
     if elapsed > 0 and step > since_step:

@@ -14,14 +14,8 @@ import os
 import sys
 
 from fxformer import cli, paths
-from fxformer.evaluate import (
-    inference_parser,
-    parse_inference_args,
-    restore_for_inference,
-    source_length,
-    translate_examples,
-    translator,
-)
+from fxformer.evaluate import inference_parser, parse_inference_args, restore_for_inference
+from fxformer.inference import source_length, translate_examples, translator
 
 
 def main() -> None:

@@ -245,6 +245,18 @@ def test_plot_writes_learning_curves(tmp_path):
     assert result.returncode == 0, result.stderr
     png = (tmp_path / "a" / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    width = lambda png: int.from_bytes(png[16:20], "big")  # noqa: E731 - the PNG header's image width
+    (tmp_path / "c").mkdir()
+    lines = [{"step": s, "loss": 5 / s, "learning_rate": 1e-3, "tokens_seen": 100 * s, "dev_bleu": s} for s in (1, 2)]
+    (tmp_path / "c" / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
+    by_tokens = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'c'}",
+                                "--x=tokens_seen"], capture_output=True, text=True)  # fmt: skip
+    assert by_tokens.returncode == 0, by_tokens.stderr
+    assert width((tmp_path / "c" / "curves.png").read_bytes()) == width(png)  # loss, dev BLEU, lr: 3 panels as well
+    one = {"step": 1, "loss": 1.0, "learning_rate": 1.0, "dev_ppl": 2.0, "dev_bleu": 1.0}
+    (tmp_path / "a" / "metrics.jsonl").write_text(_json.dumps(one) + "\n")
+    subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}"], check=True)
+    assert width((tmp_path / "a" / "curves.png").read_bytes()) == width(png) * 4 // 3  # a fourth panel: dev BLEU
     empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
                            capture_output=True, text=True)  # fmt: skip
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
@@ -407,3 +419,29 @@ def test_a_failed_preparation_names_the_readme_section_of_its_dataset():
     assert "WMT" not in corpora_source.prepare_failure(ValueError("bad line"), text)
     assert "'Data' section" in corpora_source.prepare_failure(ValueError("bad line"), text)
     assert "'WMT 2014' section" in corpora_source.prepare_failure(ValueError("403"), wmt)
+
+
+def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agrees(tmp_path, data_dir, corpus):
+    import json as _json
+    import subprocess
+
+    from conftest import env_with_devices, run_train
+
+    workdir = tmp_path / "w"
+    result = run_train(workdir, data_dir, num_train_steps=60, eval_every_steps=30, dev_bleu_every_steps=20,
+                       dev_bleu_sentences=24, best_metric="dev_bleu", checkpoint_every_steps=20,
+                       learning_rate_scale=3.0)  # fmt: skip
+    bleu = logged(workdir, "dev_bleu")
+    assert list(bleu) == [20, 40, 60] and "dev BLEU" in result.stdout
+    assert list(logged(workdir, "dev_ppl")) == [30, 60]  # each at its own interval
+    best_step = max(bleu, key=bleu.get)
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best",
+               "--split=validation", "--limit=24"]  # fmt: skip
+    evaluated = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best-first24.json").read_text())
+    assert written["bleu"] == pytest.approx(bleu[best_step], abs=1e-6) and bleu[best_step] > 0
+    no_bleu = subprocess.run(train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
+                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    assert no_bleu.returncode == exitcodes.USER_ERROR and "set dev_bleu_every_steps" in no_bleu.stderr
