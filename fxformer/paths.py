@@ -78,11 +78,12 @@ def unwritable(error: BaseException) -> str | None:
 
 def check_writable(directory: PathLike, why: str) -> None:
     """Refuse, in one sentence and before any work, a local directory this process cannot write
-    (read-only, full, not permitted): a probe file is created, flushed to the disk and removed.
-    `why` says what would be written there."""
+    (read-only, full, not permitted): a probe file is created, flushed to the disk and removed,
+    and so are the directories made for it. `why` says what would be written there."""
     if is_url(directory):
         return  # an object store answers on the first real write
     path = as_path(directory)
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     probe = path / f".fxformer-probe-{socket.gethostname()}-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -99,20 +100,8 @@ def check_writable(directory: PathLike, why: str) -> None:
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
-
-
-def split_lines(data: bytes, where: str) -> list[str]:
-    """UTF-8 text -> its lines, split on newlines only (CRLF too; a form feed or a Unicode line
-    separator stays inside its line), without a final empty line; `where` names it in errors."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{where} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+            for created in made:
+                created.rmdir()
 
 
 def check_workdir(workdir: PathLike) -> None:
