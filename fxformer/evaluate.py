@@ -117,6 +117,7 @@ def evaluate(
 ) -> dict:
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
     workdir = paths.Workdir(workdir)
+    paths.check_workdir(workdir)
     if jax.process_index() == 0:  # before any work: the results are written at the end
         paths.check_writable(workdir.eval, "evaluation writes its results")
     config, model, tokenizer, params, steps, mesh, eval_step = restore_for_inference(workdir, step, average_last, log)
