@@ -16,7 +16,7 @@ import socket
 
 from etils import epath
 
-from fxformer.cli import UserError
+from fxformer.errors import UserError
 
 PathLike = str | os.PathLike
 
@@ -102,6 +102,20 @@ def check_writable(directory: PathLike, why: str) -> None:
             probe.unlink(missing_ok=True)
             for created in made:
                 created.rmdir()
+
+
+def split_lines(data: bytes, where: str) -> list[str]:
+    """UTF-8 text -> its lines, split on newlines only (CRLF too; a form feed or a Unicode line
+    separator stays inside its line), without a final empty line; `where` names it in errors."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{where} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def check_workdir(workdir: PathLike) -> None:

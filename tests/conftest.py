@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from etils import epath  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
-from fxformer import cli  # noqa: E402
+from fxformer import configfile  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
 
 # The small embedded corpus every test shares (built once per session): data fields.
@@ -30,7 +30,7 @@ SMALL_DATA = {
 
 def small_config(data_dir, **data_overrides):
     """configs/default.py on the small corpus, reading and writing TFDS data under `data_dir`."""
-    config = cli.load_config("configs/default.py")
+    config = configfile.load_config("configs/default.py")
     for key, value in {**SMALL_DATA, "tfds_data_dir": str(data_dir), **data_overrides}.items():
         config.data[key] = value
     return config
@@ -127,8 +127,8 @@ def logged(workdir, key="loss"):
 def final_params(workdir, devices=1):
     """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
     code = (
-        "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
-        "r = restore_for_inference(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
+        "import sys, numpy as np, jax; from fxformer import inference; "
+        "r = inference.restore(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
         "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
         "np.savez(sys.argv[2], **flat); print(r.steps, len(mesh.devices.flat))"
     )
