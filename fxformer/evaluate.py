@@ -43,9 +43,11 @@ def scores(hypotheses: list[str], references: list[str]) -> dict:
 
 def evaluate(
     workdir: paths.PathLike, split: str = "test", step: int | str = 0, average_last: int = 0, overrides=(),
-    limit: int = 0, log=print,
+    limit: int = 0, log=print, report=None,
 ) -> dict:  # fmt: skip
-    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
+    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the
+    results. `report(results)`, if given, is called before anything is written (so a disk that
+    fills at the end loses no score)."""
     workdir = paths.Workdir(workdir)
     paths.check_workdir(workdir)
     if jax.process_index() == 0:  # before any work: the results are written at the end
@@ -82,6 +84,8 @@ def evaluate(
         "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
     }
+    if report is not None:
+        report(results)
     if jax.process_index() == 0:
         out = workdir.eval
         out.mkdir(parents=True, exist_ok=True)
@@ -152,11 +156,14 @@ def main() -> None:
         print(f"sacreBLEU signature: {r['signature']}")
         print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}")
         return
-    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit)
-    print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
-    print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
-    print(r["sacrebleu"])
-    print(f"sacreBLEU signature: {r['signature']}")
+
+    def report(r: dict) -> None:
+        print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+        print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
+        print(r["sacrebleu"])
+        print(f"sacreBLEU signature: {r['signature']}", flush=True)
+
+    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
     print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
 
 

@@ -1,11 +1,18 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
+import inspect
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
+# One compilation cache for the whole session, shared by every command the tests start: the
+# same tiny model is compiled by dozens of processes (identical programs, identical results).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fxformer-test-jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
@@ -15,6 +22,23 @@ from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from fxformer import configfile  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
+
+# A test that runs fxformer's commands end to end (in subprocesses) is marked `slow`:
+# `python -m pytest -m "not slow"` runs the rest in well under a minute.
+END_TO_END = ("subprocess", "run_train", "final_params", "train_command", "in_namespace", "experiments(")
+
+
+def _runs_commands(function) -> bool:
+    return any(word in inspect.getsource(function) for word in END_TO_END)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        fixtures = [d[-1].func for d in item._fixtureinfo.name2fixturedefs.values()]
+        ours = [f for f in fixtures if not f.__module__.startswith("_pytest")]
+        if _runs_commands(item.function) or any(_runs_commands(f) for f in ours):
+            item.add_marker(pytest.mark.slow)
+
 
 # The small embedded corpus every test shares (built once per session): data fields.
 SMALL_DATA = {

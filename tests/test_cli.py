@@ -22,6 +22,7 @@ def test_wrong_config_key_is_one_sentence_without_traceback():
     ]
 
 
+@pytest.mark.slow  # counts the base model
 def test_override_changes_the_count():
     base = run("--config=configs/table3.py:base")
     wider = run("--config=configs/table3.py:base", "--config.model.d_ff=4096")

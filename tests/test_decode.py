@@ -226,6 +226,7 @@ OPTIONS = {"strategy": "beam", "beam_size": 4, "alpha": 0.6, "beam_variant": "li
            "temperature": 1.0, "top_k": 0}  # fmt: skip
 
 
+@pytest.mark.slow  # compiles the model several times
 @pytest.mark.parametrize("variant", decode.VARIANTS)
 def test_the_models_wide_beam_finds_the_brute_force_best(variant):
     params = tiny_params(0)
@@ -239,6 +240,7 @@ def test_the_models_wide_beam_finds_the_brute_force_best(variant):
     assert trimmed(outputs[0, 0]) == candidates[order[0]]
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_argmax():
     config = dataclasses.replace(TINY, vocab_size=12)
     params = tiny_params(4, config)

@@ -68,6 +68,7 @@ def test_fully_masked_rows_give_no_nan():
     assert np.isfinite(np.asarray(module.apply({"params": params}, x, x, mask, True))).all()
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_future_target_tokens_do_not_change_earlier_logits():
     params = init(TINY)
     inputs = np.array([[5, 6, 7, 8, 3, 0, 0]] * 2)
@@ -93,6 +94,7 @@ def test_padded_source_tokens_change_nothing():
     np.testing.assert_allclose(a, c, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_packed_row_equals_each_sequence_alone():
     params = init(TINY)
     src1, tgt1 = [5, 6, 7, 3], [9, 10, 3]
@@ -142,6 +144,7 @@ def test_cached_decoding_equals_full_forward(variant):
         previous = targets[:, t]
 
 
+@pytest.mark.slow  # compiles the model in two dtypes
 def test_bfloat16_compute_stays_close_to_float32():
     config = dataclasses.replace(TINY, dropout_rate=0.0)
     params = init(config)

@@ -63,6 +63,7 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
     assert float(sums["nll"]) / count == pytest.approx(nll / count, rel=1e-5)
 
 
+@pytest.mark.slow  # compiles a model
 def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     """loss_sums on a padded eval batch equals NumPy over its non-pad tokens of unmasked rows."""
     config = tiny_config(data_dir)
@@ -116,6 +117,7 @@ def tiny_config(data_dir, **overrides):
     return with_overrides(small_config(data_dir), {**TINY, **overrides})
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_eight_devices_equal_one_device(data_dir, packed_batch):
     assert jax.device_count() == 8
     config = tiny_config(data_dir)  # dropout on: its masks must not depend on the sharding either
@@ -127,6 +129,7 @@ def test_eight_devices_equal_one_device(data_dir, packed_batch):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_micro_batches_equal_one_batch(data_dir, packed_batch):
     config = tiny_config(data_dir, **{"model.dropout_rate": 0.0})
     params2, metrics2 = one_step(config, packed_batch, jax.devices()[:2], accum=2)
