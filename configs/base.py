@@ -7,6 +7,8 @@ Needs WMT14 prepared with TFDS first (README, "WMT 2014"). Table 3 rows start fr
 
 import ml_collections
 
+from fxformer.resolve import decode_defaults
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The paper's base model, optimizer and data (sections 3, 5, 6)."""
@@ -83,8 +85,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
     config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
 
-    config.beam_size = 4
-    config.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha
-    config.max_decode_extra = 50  # maximum output length = input length + 50
+    config.decode = decode_defaults()  # beam 4, alpha 0.6, output length up to input + 50 (section 6.1)
     config.average_last = 5  # checkpoints averaged for the final evaluation
     return config

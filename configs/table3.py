@@ -18,7 +18,7 @@ Profiles:
 import ml_collections
 
 from configs import base, big, with_overrides
-from fxformer.cli import resolve_derived
+from fxformer.resolve import resolve_derived
 
 ROWS = {
     "base": {},
@@ -110,7 +110,7 @@ SMOKE_BASE = {
     "checkpoint_every_steps": 4,
     "log_every_steps": 2,
     "eval_every_steps": 4,
-    "max_decode_extra": 8,
+    "decode.max_extra": 8,
 }
 PROFILES = {
     "paper": None,
@@ -180,5 +180,10 @@ def sweep(profile: str = "paper") -> dict:
             for row, (ppl, bleu, params) in PAPER.items()
         },  # fmt: skip
         # dev = newstest2013 for WMT, beam 4, alpha 0.6, no checkpoint averaging
-        "eval_flags": ["--split=validation", "--average_last=1", "--beam_size=4", "--alpha=0.6"],
+        "eval_flags": [
+            "--split=validation",
+            "--average_last=1",
+            "--config.decode.beam_size=4",
+            "--config.decode.alpha=0.6",
+        ],  # fmt: skip
     }

@@ -20,7 +20,8 @@ import sys
 
 from experiments import launch, runner
 from experiments.group import LaunchError
-from fxformer import cli, exitcodes
+from fxformer import exitcodes
+from fxformer.errors import UserError
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
         return exitcodes.USER_ERROR
     try:
         return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
-    except (LaunchError, cli.UserError) as e:
+    except (LaunchError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return exitcodes.USER_ERROR
     except KeyboardInterrupt:

@@ -31,7 +31,9 @@ import json
 from pathlib import Path
 
 from experiments.group import LaunchError
-from fxformer import cli
+from fxformer import configfile
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Run:
 
     def resolved(self, extra: tuple[str, ...] = ()) -> dict:
         """The config this run trains with, as the JSON fxformer.train writes to W/config.json."""
-        _, config = cli.parse(cli.parser("", "sweep"), self.flags(extra))
+        spec, *rest = self.flags(extra)
+        config = configfile.resolve(spec.removeprefix("--config="), configfile.overrides(rest))
         return json.loads(config.to_json())
 
 
@@ -121,9 +124,10 @@ def from_dict(name: str, profile: str, description: dict) -> Sweep:
 
 def load(name: str, profile: str) -> Sweep:
     """The sweep `name` (configs/<name>.py, or a path to a config file) in `profile`."""
-    path = Path(name) if name.endswith(".py") else cli.REPO_ROOT / "configs" / f"{name}.py"
+    path = Path(name) if name.endswith(".py") else CONFIGS / f"{name}.py"
     if not path.is_file():
         raise LaunchError(f"No sweep '{name}': {path} does not exist (give configs/<name>.py with sweep()).")
+    configfile.make_importable(path)
     spec = importlib.util.spec_from_file_location(f"_fxformer_sweep_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

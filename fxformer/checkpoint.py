@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from fxformer import paths
-from fxformer.cli import UserError
+from fxformer.errors import UserError
 
 
 def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
@@ -125,6 +125,15 @@ def _quiet_closed_loop(hook):
 
 sys.excepthook = _quiet_closed_loop(sys.excepthook)
 sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+
+
+def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:
+    """Delete the checkpoints at `step` and after (once written); the latest step left, or None."""
+    wait(mngr)
+    for saved in mngr.all_steps():
+        if saved >= step:
+            mngr.delete(saved)
+    return mngr.latest_step()
 
 
 def close(mngr: ocp.CheckpointManager, failing: bool = False) -> None:

@@ -1,165 +1,91 @@
 """Checkpoint(s) -> per-wordpiece perplexity and sacreBLEU, the way the paper measured them.
 
     python -m fxformer.evaluate --workdir=runs/default
-    python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --beam_size=4 --alpha=0.6
+    python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --config.decode.beam_size=4
+    python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
 
 Restores onto the devices at hand, whatever count trained the run. Writes
-`W/eval/<split>-<step>.json` (bleu, ppl, num_sentences, checkpoint_steps, sacreBLEU's
-signature, ...) and the detokenized translations beside it (`.hyp.txt`, with `.ref.txt`).
+`W/eval/<split>-<step>.json` (bleu, chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's
+signature, the decode settings, ...) and the detokenized translations beside it (`.hyp.txt`,
+with `.ref.txt`). `--config.decode.<field>=<value>` changes the search (strategy, beam_size,
+alpha, beam_variant, max_extra, ...); the model and data are the trained run's.
+`--hypotheses=FILE` scores an existing translation file (one line per sentence of the split)
+with the same sacreBLEU settings, without a model.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import checkpoint, cli, parallel, paths, train
+from fxformer import cli, configfile, inference, parallel, paths, trainstate
 from fxformer.data import corpora, pipeline
-from fxformer.data.tokenizer import Tokenizer
-from fxformer.inference import bleu as corpus_bleu
-from fxformer.inference import source_length, translate_examples, translator
-from fxformer.model import Transformer
+from fxformer.errors import UserError
 
 
-class Restored(NamedTuple):
-    """A training workdir, ready for inference."""
-
-    config: ml_collections.ConfigDict
-    model: Transformer
-    tokenizer: Tokenizer
-    params: dict
-    steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
-    mesh: jax.sharding.Mesh
-    eval_step: Callable  # jitted (params, batch) -> summed loss / nll / accuracy / tokens
+def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log=print):
+    """(the split's records, how many are used, their reference translations)."""
+    data = config.data
+    source = corpora.data_source(corpora.prepare(data, log=log), split)
+    n = len(source) if limit <= 0 else min(limit, len(source))
+    return source, n, [source[i][data.target_lang].decode("utf-8") for i in range(n)]
 
 
-def restore_for_inference(workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, log=print) -> Restored:
-    """A workdir's config, model, tokenizer and parameters, on the devices at hand.
-
-    `step` picks one checkpoint ("best": the best dev metric seen in training, `W/best`);
-    `average_last` > 1 averages the last k (saved once under
-    `W/averaged/last<k>/<last step>` and reused); neither: the config's `average_last`.
-    """
-    workdir = paths.Workdir(workdir)
-    config = train.load_workdir_config(workdir)
-    if not workdir.tokenizer.exists():
-        raise cli.UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
-    tokenizer = Tokenizer(workdir.tokenizer)
-    mesh = parallel.data_mesh()
-    model, _, abstract_state, eval_step = train.build(config, tokenizer.vocab_size, mesh)
-    if step == "best":
-        return Restored(config, model, tokenizer, *best_params(workdir, abstract_state, log), mesh, eval_step)
-    directory = workdir.checkpoints
-    if not directory.exists():
-        raise cli.UserError(f"{directory} holds no checkpoint; train first.")
-    with checkpoint.manager(directory, asynchronous=False) as mngr:
-        steps = list(mngr.all_steps())
-        if not steps:
-            raise cli.UserError(f"{directory} holds no checkpoint; train first.")
-        if step:
-            if step not in steps:
-                raise cli.UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
-            chosen = [step]
-        else:
-            k = average_last or config.average_last
-            chosen = steps[-k:]
-            if len(chosen) < k:
-                log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
-        if len(chosen) == 1:
-            params = checkpoint.restore(mngr, chosen[0], abstract_state).params
-        else:
-            params = averaged(workdir, mngr, chosen, abstract_state, log)
-    return Restored(config, model, tokenizer, params, chosen, mesh, eval_step)
-
-
-def best_params(workdir: paths.Workdir, abstract_state, log=print) -> tuple[dict, list[int]]:
-    """The parameters kept in `W/best` (best dev metric during training) and their step."""
-    if not workdir.best.exists():
-        raise cli.UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
-    with checkpoint.manager(workdir.best, asynchronous=False) as mngr:
-        step = mngr.latest_step()
-        if step is None:
-            raise cli.UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.restore_params(mngr, step, abstract_state.params)
-    log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
-    return params, [step]
-
-
-def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log=print):
-    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if written before, else computed there."""
-    directory = workdir.averaged(len(steps))
-    with checkpoint.manager(directory, asynchronous=False) as avg:
-        if steps[-1] in avg.all_steps():
-            params, meta = checkpoint.restore_params(avg, steps[-1], abstract_state.params)
-            if meta["checkpoint_steps"] == steps:
-                return params
-            avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed): redo
-        log(f"averaging the parameters of steps {steps}")
-        params = checkpoint.average_params(mngr, steps, abstract_state)
-        checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
-    return params
+def scores(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU's BLEU (with its signature) and chrF of a corpus."""
+    bleu, signature = inference.bleu(hypotheses, references)
+    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
+    return {"bleu": bleu.score, "chrf": chrf.score, "sacrebleu": str(bleu), "signature": signature}
 
 
 def evaluate(
-    workdir: paths.PathLike,
-    split: str = "test",
-    step: int | str = 0,
-    average_last: int = 0,
-    beam_size: int | None = None,
-    alpha: float | None = None,
-    limit: int = 0,
-    log=print,
-) -> dict:
-    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the results."""
+    workdir: paths.PathLike, split: str = "test", step: int | str = 0, average_last: int = 0, overrides=(),
+    limit: int = 0, log=print, report=None,
+) -> dict:  # fmt: skip
+    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the
+    results. `report(results)`, if given, is called before anything is written (so a disk that
+    fills at the end loses no score)."""
     workdir = paths.Workdir(workdir)
     paths.check_workdir(workdir)
     if jax.process_index() == 0:  # before any work: the results are written at the end
         paths.check_writable(workdir.eval, "evaluation writes its results")
-    config, model, tokenizer, params, steps, mesh, eval_step = restore_for_inference(workdir, step, average_last, log)
-    beam_size = beam_size or config.beam_size
-    alpha = config.alpha if alpha is None else alpha
-    data: ml_collections.ConfigDict = config.data
-    source = corpora.data_source(corpora.prepare(data, log=log), split)
-    n = len(source) if limit <= 0 else min(limit, len(source))
-    examples = pipeline.tokenize_split(source, tokenizer, data, n)
-    references = [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+    run = inference.restore(workdir, step, average_last, overrides, log)
+    source, n, references = references_of(run.config, split, limit, log)
+    examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
 
-    losses = train.evaluate_loss(eval_step, params, examples, config, mesh, model.config.max_len)
-    length = source_length(examples, model, config.max_decode_extra, log)
-    translate = translator(model, mesh, beam_size, alpha, config.max_decode_extra)
-    hypotheses = translate_examples(
-        translate, params, examples, tokenizer, data.eval_batch_size, length, mesh, f"beam search ({split})"
-    )
-    score, signature = corpus_bleu(hypotheses, references)
-    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
+    loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
+    losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
+    section = run.config.decode.copy_and_resolve_references()
+    section.nbest = 1
+    length = inference.source_length(examples, run.model, section.max_extra, log)
+    translated = inference.translate_examples(
+        inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer,
+        run.config.data.eval_batch_size, length, run.mesh, f"{section.strategy} search ({split})", section.seed,
+    )  # fmt: skip
+    hypotheses = [nbest[0][0] for nbest in translated]
 
-    name = (
-        f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "") + ("-best" if step == "best" else "")
-    )
+    steps = run.steps
+    name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    name += "-best" if step == "best" else ""
     if n < len(source):
         name += f"-first{n}"  # a partial evaluation never overwrites the full one
     results = {
-        "bleu": score.score,
-        "chrf": chrf.score,
-        "ppl": losses["ppl"],
-        "nll": losses["nll"],
-        "loss": losses["loss"],
-        "accuracy": losses["accuracy"],
+        **scores(hypotheses, references),
+        **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},
         "num_sentences": n,
         "split": split,
         "checkpoint_steps": steps,
-        "beam_size": beam_size,
-        "alpha": alpha,
-        "sacrebleu": str(score),
-        "signature": signature,
-        "num_params": sum(x.size for x in jax.tree.leaves(params)),
+        "beam_size": section.beam_size,
+        "alpha": section.alpha,
+        "decode": section.to_dict(),
+        "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
     }
+    if report is not None:
+        report(results)
     if jax.process_index() == 0:
         out = workdir.eval
         out.mkdir(parents=True, exist_ok=True)
@@ -170,30 +96,49 @@ def evaluate(
     return results
 
 
+def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
+    """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
+    config = trainstate.load_workdir_config(workdir)
+    try:
+        data = paths.as_path(hypotheses_file).read_bytes()
+    except OSError as e:
+        raise UserError(f"Cannot read --hypotheses '{hypotheses_file}': {e.strerror or e}.") from None
+    hypotheses = paths.split_lines(data, hypotheses_file)
+    _, n, references = references_of(config, split, limit, log)
+    if len(hypotheses) != n:
+        raise UserError(
+            f"{hypotheses_file} has {len(hypotheses):,} lines but the {split} split has {n:,} sentences; "
+            "give one translation per line, in order (or --limit=N for the first N)."
+        )
+    return {**scores(hypotheses, references), "num_sentences": n, "split": split}
+
+
 def inference_parser(description: str, module: str):
-    """Flags shared by evaluate and translate: the workdir, which checkpoint(s), the beam."""
+    """Flags shared by evaluate and translate: the workdir, which checkpoint(s), decode overrides."""
     p = cli.parser(description, module, config=False)
+    p.epilog = (
+        "Change the search with --config.decode.<field>=<value>: strategy (beam, greedy, sample), beam_size, "
+        "alpha, beam_variant (live, t2t), max_extra, nbest, temperature, top_k, seed."
+    )
     p.add_argument("--workdir", required=True, help="a training run directory")
     p.add_argument("--step", default="0", help="use this checkpoint step, or 'best' (best dev metric in training)")
     p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
-    p.add_argument("--beam_size", type=int, default=0, help="beam size (default: config, 4)")
-    p.add_argument("--alpha", type=float, default=None, help="length penalty alpha (default: config, 0.6)")
     parallel.add_cluster_flags(p)
     return p
 
 
-def parse_inference_args(p):
-    args, _ = cli.parse(p)
+def parse_inference_args(p, argv=None):
+    """The flags, with `args.overrides`: the (key, value) pairs of --config.decode.* flags."""
+    args, rest = p.parse_known_args(argv)
+    args.overrides = configfile.overrides(rest)
     if args.step != "best":
         if not args.step.lstrip("-").isdigit():
-            raise cli.UserError(f"--step takes a step number or 'best', not '{args.step}'.")
+            raise UserError(f"--step takes a step number or 'best', not '{args.step}'.")
         args.step = int(args.step)
     if args.step != "best" and args.step < 0 or args.average_last < 0:
-        raise cli.UserError("--step and --average_last must be positive (or left out).")
+        raise UserError("--step and --average_last must be positive (or left out).")
     if args.step and args.average_last:
-        raise cli.UserError("Give --step or --average_last, not both.")
-    if args.beam_size < 0 or (args.alpha is not None and args.alpha < 0):
-        raise cli.UserError("--beam_size must be at least 1 and --alpha at least 0.")
+        raise UserError("Give --step or --average_last, not both.")
     parallel.join_cluster(args)
     return args
 
@@ -202,12 +147,23 @@ def main() -> None:
     p = inference_parser(__doc__, "fxformer.evaluate")
     p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
+    p.add_argument("--hypotheses", default="", help="score this translation file instead of translating")
     args = parse_inference_args(p)
-    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.beam_size, args.alpha, args.limit)
-    print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
-    print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
-    print(r["sacrebleu"])
-    print(f"sacreBLEU signature: {r['signature']}")
+    if args.hypotheses:
+        r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
+        print(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
+        print(r["sacrebleu"])
+        print(f"sacreBLEU signature: {r['signature']}")
+        print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}")
+        return
+
+    def report(r: dict) -> None:
+        print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+        print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
+        print(r["sacrebleu"])
+        print(f"sacreBLEU signature: {r['signature']}", flush=True)
+
+    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
     print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
 
 

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer.cli import UserError, head_width
+from fxformer.errors import UserError
+from fxformer.resolve import head_width
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -191,9 +192,10 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     With `config.decode`, `cache` says what the decoder keeps between calls: "steps" (its
-    self-attention) appends each position's key and value to a cache sized by the first call's
-    length; "memory" (encoder-decoder attention) projects the encoder output once, on the first
-    call, and reuses it.
+    self-attention) appends each position's key and value to the `cache` collection, sized by
+    the first call's length (what a beam search reorders); "memory" (encoder-decoder attention)
+    projects the encoder output once, on the first call, into the `memory` collection and
+    reuses it (the same for every step and beam).
     """
 
     config: TransformerConfig
@@ -214,12 +216,12 @@ class MultiHeadAttention(nn.Module):
             return key, value  # value [b, k, h, d_v]
 
         if c.decode and self.cache == "memory":
-            if self.has_variable("cache", "memory_key"):
-                key, value = self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
+            if self.has_variable("memory", "key"):
+                key, value = self.get_variable("memory", "key"), self.get_variable("memory", "value")
             else:
                 key, value = project_kv()
-                self.put_variable("cache", "memory_key", key)
-                self.put_variable("cache", "memory_value", value)
+                self.put_variable("memory", "key", key)
+                self.put_variable("memory", "value", value)
         else:
             key, value = project_kv()
         if c.decode and self.cache == "steps":

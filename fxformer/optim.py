@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from fxformer.tokens import PAD_ID
+
 Array = jax.Array
 
 
@@ -53,3 +55,24 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
         "correct": (correct * weights).sum(),
         "tokens": weights.sum(),
     }
+
+
+def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None) -> dict[str, Array]:
+    """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
+    dropout on when `rng` is given."""
+    packed = "inputs_segment_ids" in batch
+    logits = model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        inputs_segmentation=batch["inputs_segment_ids"] if packed else None,
+        targets_segmentation=batch["targets_segment_ids"] if packed else None,
+        inputs_positions=batch["inputs_positions"] if packed else None,
+        targets_positions=batch["targets_positions"] if packed else None,
+        deterministic=rng is None,
+        rngs={"dropout": rng} if rng is not None else None,
+    )
+    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    if "example_mask" in batch:
+        weights = weights * batch["example_mask"][:, None]
+    return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)

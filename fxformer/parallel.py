@@ -12,9 +12,10 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from fxformer.cli import UserError
+from fxformer.errors import UserError
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
@@ -89,3 +90,8 @@ def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, ja
         global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
         out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return out
+
+
+def any_process(flags: np.ndarray) -> np.ndarray:
+    """Element-wise OR of a small boolean vector over every process (a tiny collective)."""
+    return multihost_utils.process_allgather(flags).reshape(-1, flags.shape[-1]).any(axis=0)

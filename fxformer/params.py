@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from fxformer import cli
+from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 
 PAPER_VOCAB_SIZE = 37_000
@@ -54,7 +55,7 @@ def main() -> None:
     p.add_argument("--vocab_size", type=int, default=0, help="shared vocabulary size (default: the config's)")
     args, config = cli.parse(p)
     if args.vocab_size < 0:
-        raise cli.UserError(f"--vocab_size must be positive, not {args.vocab_size}.")
+        raise UserError(f"--vocab_size must be positive, not {args.vocab_size}.")
     if args.table3:
         print(table3(args.vocab_size or PAPER_VOCAB_SIZE))
     elif config is not None:
@@ -62,7 +63,7 @@ def main() -> None:
         count = count_parameters(config.model, vocab_size)
         print(f"{args.config}: {count:,} parameters ({count / 1e6:.1f}M) with a {vocab_size:,}-token vocabulary")
     else:
-        raise cli.UserError("Give --table3 or --config=<config file[:arg]>.")
+        raise UserError("Give --table3 or --config=<config file[:arg]>.")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import socket
 
 from etils import epath
 
-from fxformer.cli import UserError
+from fxformer.errors import UserError
 
 PathLike = str | os.PathLike
 

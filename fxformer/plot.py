@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from fxformer import cli, paths
+from fxformer.errors import UserError
 
 PANELS = (
     ("loss", "train loss (label-smoothed)", False),
@@ -27,7 +28,7 @@ X_AXES = {"step": "step", "tokens_seen": "target tokens seen", "epochs": "epochs
 def read_metrics(workdir: paths.PathLike) -> list[dict]:
     path = paths.Workdir(workdir).metrics
     if not path.exists():
-        raise cli.UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")
+        raise UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

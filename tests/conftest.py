@@ -1,11 +1,18 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
+import inspect
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
+# One compilation cache for the whole session, shared by every command the tests start: the
+# same tiny model is compiled by dozens of processes (identical programs, identical results).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fxformer-test-jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
@@ -13,8 +20,25 @@ import pytest  # noqa: E402
 from etils import epath  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
-from fxformer import cli  # noqa: E402
+from fxformer import configfile  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
+
+# A test that runs fxformer's commands end to end (in subprocesses) is marked `slow`:
+# `python -m pytest -m "not slow"` runs the rest in well under a minute.
+END_TO_END = ("subprocess", "run_train", "final_params", "train_command", "in_namespace", "experiments(")
+
+
+def _runs_commands(function) -> bool:
+    return any(word in inspect.getsource(function) for word in END_TO_END)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        fixtures = [d[-1].func for d in item._fixtureinfo.name2fixturedefs.values()]
+        ours = [f for f in fixtures if not f.__module__.startswith("_pytest")]
+        if _runs_commands(item.function) or any(_runs_commands(f) for f in ours):
+            item.add_marker(pytest.mark.slow)
+
 
 # The small embedded corpus every test shares (built once per session): data fields.
 SMALL_DATA = {
@@ -30,7 +54,7 @@ SMALL_DATA = {
 
 def small_config(data_dir, **data_overrides):
     """configs/default.py on the small corpus, reading and writing TFDS data under `data_dir`."""
-    config = cli.load_config("configs/default.py")
+    config = configfile.load_config("configs/default.py")
     for key, value in {**SMALL_DATA, "tfds_data_dir": str(data_dir), **data_overrides}.items():
         config.data[key] = value
     return config
@@ -127,8 +151,8 @@ def logged(workdir, key="loss"):
 def final_params(workdir, devices=1):
     """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
     code = (
-        "import sys, numpy as np, jax; from fxformer.evaluate import restore_for_inference; "
-        "r = restore_for_inference(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
+        "import sys, numpy as np, jax; from fxformer import inference; "
+        "r = inference.restore(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
         "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
         "np.savez(sys.argv[2], **flat); print(r.steps, len(mesh.devices.flat))"
     )

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from fxformer import cli
+from fxformer import configfile
+from fxformer.errors import UserError
 
 
 def run(*args):
@@ -21,6 +22,7 @@ def test_wrong_config_key_is_one_sentence_without_traceback():
     ]
 
 
+@pytest.mark.slow  # counts the base model
 def test_override_changes_the_count():
     base = run("--config=configs/table3.py:base")
     wider = run("--config=configs/table3.py:base", "--config.model.d_ff=4096")
@@ -39,16 +41,16 @@ def test_override_changes_the_count():
     ],
 )
 def test_wrong_types_are_refused(key, raw, message):
-    config = cli.load_config("configs/base.py")
-    with pytest.raises(cli.UserError, match=message):
-        cli.apply_override(config, key, raw)
+    config = configfile.load_config("configs/base.py")
+    with pytest.raises(UserError, match=message):
+        configfile.apply_override(config, key, raw)
 
 
 def test_overrides_are_typed():
-    config = cli.load_config("configs/table3.py:E")
-    cli.apply_override(config, "model.dropout_rate", "1")
-    cli.apply_override(config, "model.attention_bias", "true")
-    cli.apply_override(config, "model.dtype", "bfloat16")
+    config = configfile.load_config("configs/table3.py:E")
+    configfile.apply_override(config, "model.dropout_rate", "1")
+    configfile.apply_override(config, "model.attention_bias", "true")
+    configfile.apply_override(config, "model.dtype", "bfloat16")
     assert config.model.dropout_rate == 1.0 and isinstance(config.model.dropout_rate, float)
     assert config.model.attention_bias is True
     assert config.model.dtype == "bfloat16" and config.model.positional == "learned"

@@ -118,6 +118,7 @@ def test_same_seed_same_batches_and_another_seed_others(corpus):
     assert not np.array_equal(a[0]["inputs"], c[0]["inputs"])
 
 
+@pytest.mark.slow  # runs the pipeline twice
 def test_restored_iterator_continues_as_if_never_stopped(corpus):
     config, builder, tokenizer = corpus
     source = corpora.data_source(builder, "train")

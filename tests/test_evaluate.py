@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import env_with_devices
 
-from fxformer import checkpoint, parallel, train
+from fxformer import checkpoint, parallel, trainstate
 from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer
 
@@ -27,10 +27,10 @@ def run(module, *args, devices=1, stdin=None):
 
 def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     workdir = eight_device_workdir
-    config = train.load_workdir_config(workdir)
+    config = trainstate.load_workdir_config(workdir)
     vocab = Tokenizer(workdir / "tokenizer.model").vocab_size
     mesh = parallel.data_mesh()
-    _, _, abstract_state, _ = train.build(config, vocab, mesh)
+    _, _, abstract_state = trainstate.build(config, vocab, mesh)
     with checkpoint.manager(workdir / "checkpoints", asynchronous=False) as mngr:
         assert list(mngr.all_steps()) == [10, 20]
         ten, twenty = (jax.device_get(checkpoint.restore(mngr, s, abstract_state).params) for s in (10, 20))
@@ -44,7 +44,8 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
 def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, corpus, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
-    result = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=2", "--beam_size=2", devices=1)
+    beam_2 = "--config.decode.beam_size=2"
+    result = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=2", beam_2, devices=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
     assert (workdir / "averaged" / "last2" / "20").exists()  # the averaged checkpoint, saved for later use

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fxformer import decode
+from fxformer import inference
 from fxformer.model import MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
 from fxformer.params import count_parameters
 
@@ -68,6 +68,7 @@ def test_fully_masked_rows_give_no_nan():
     assert np.isfinite(np.asarray(module.apply({"params": params}, x, x, mask, True))).all()
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_future_target_tokens_do_not_change_earlier_logits():
     params = init(TINY)
     inputs = np.array([[5, 6, 7, 8, 3, 0, 0]] * 2)
@@ -93,6 +94,7 @@ def test_padded_source_tokens_change_nothing():
     np.testing.assert_allclose(a, c, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_packed_row_equals_each_sequence_alone():
     params = init(TINY)
     src1, tgt1 = [5, 6, 7, 3], [9, 10, 3]
@@ -128,20 +130,21 @@ def test_cached_decoding_equals_full_forward(variant):
     params = init(config)
     inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0], [9, 10, 3, 0, 0, 0, 0]])
     targets = jnp.array([[9, 10, 11, 12, 13, 3], [4, 5, 6, 3, 0, 0]])
-    full = logits_of(config, params, inputs, targets)
-    model = Transformer(config)
-    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-    segmentation = (inputs != 0).astype(jnp.int32)
-    cache = decode.init_cache(config, params, encoded, segmentation, max_len=targets.shape[1])
-    previous = jnp.full((2,), 2)  # BOS
+    full = np.asarray(jax.nn.log_softmax(logits_of(config, params, inputs, targets), axis=-1))
+    decoding = inference.start_decoding(config, params, inputs, copies=1, max_extra=0)  # room for 7 positions
+    cache, previous = decoding.cache, jnp.full((2,), 2)  # BOS
+    produced = [i for i in range(config.vocab_size) if i not in (0, 2)]  # the step function rules out PAD, BOS
     for t in range(targets.shape[1]):
-        step_logits, cache = decode.decode_step(config, params, cache, encoded, segmentation, previous)
-        np.testing.assert_allclose(np.asarray(step_logits)[0], full[0, t], atol=1e-5)
+        log_probs, cache = decoding.step(previous, cache)
+        log_probs = np.asarray(log_probs)
+        assert np.isneginf(log_probs[:, [0, 2]]).all()
+        np.testing.assert_allclose(log_probs[0, produced], full[0, t, produced], atol=1e-5)
         if t < 4:
-            np.testing.assert_allclose(np.asarray(step_logits)[1], full[1, t], atol=1e-5)
+            np.testing.assert_allclose(log_probs[1, produced], full[1, t, produced], atol=1e-5)
         previous = targets[:, t]
 
 
+@pytest.mark.slow  # compiles the model in two dtypes
 def test_bfloat16_compute_stays_close_to_float32():
     config = dataclasses.replace(TINY, dropout_rate=0.0)
     params = init(config)

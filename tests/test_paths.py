@@ -44,6 +44,7 @@ def test_paths_keep_urls_and_expand_home():
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # trains and evaluates in-process
 def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypatch, tmp_path, data_dir, corpus):
     config = with_overrides(small_config(data_dir), {**TINY, "num_train_steps": 4, "checkpoint_every_steps": 2})
     monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here

@@ -7,7 +7,8 @@ import pytest
 from conftest import logged, train_command
 
 from configs import with_overrides
-from fxformer import cli, exitcodes, train
+from fxformer import cli, configfile, exitcodes, train
+from fxformer.errors import UserError
 
 
 @pytest.mark.parametrize(
@@ -25,8 +26,8 @@ from fxformer import cli, exitcodes, train
     ],
 )
 def test_check_config_refuses_in_one_sentence(overrides, message):
-    config = with_overrides(cli.load_config("configs/default.py"), overrides)
-    with pytest.raises(cli.UserError, match=message.replace("[", r"\[").replace(")", r"\)")):
+    config = with_overrides(configfile.load_config("configs/default.py"), overrides)
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace(")", r"\)")):
         train.check_config(config)
 
 
@@ -49,7 +50,7 @@ def test_params_counts_with_the_configs_vocabulary():
 
     from fxformer.params import count_parameters
 
-    config = cli.load_config("configs/default.py")
+    config = configfile.load_config("configs/default.py")
     out = subprocess.run([sys.executable, "-m", "fxformer.params", "--config=configs/default.py",
                           "--config.data.vocab_size=8000"], capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -67,7 +68,7 @@ def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_wo
     from fxformer.paths import split_lines
 
     assert split_lines("a\fb\u2028c\r\n\nd".encode(), "x") == ["a\fb\u2028c", "", "d"]
-    with pytest.raises(cli.UserError, match="line 2"):
+    with pytest.raises(UserError, match="line 2"):
         split_lines(b"fine\n\xff bad\n", "x")
 
     command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
@@ -95,7 +96,7 @@ def test_d_k_and_d_v_follow_d_model_and_heads_unless_set():
     assert (config.model.d_k, config.model.d_v) == (32, 32)
     _, config = cli.parse(p, ["--config=configs/base.py", "--config.model.d_k=16"])
     assert (config.model.d_k, config.model.d_v) == (16, 64)  # set: kept; the other follows
-    with pytest.raises(cli.UserError, match="not divisible by model.num_heads"):
+    with pytest.raises(UserError, match="not divisible by model.num_heads"):
         cli.parse(p, ["--config=configs/base.py", "--config.model.num_heads=7"])
     from configs import table3
 
@@ -414,8 +415,8 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
 def test_a_failed_preparation_names_the_readme_section_of_its_dataset():
     from fxformer.data import corpora as corpora_source
 
-    text = with_overrides(cli.load_config("configs/default.py"), {"data.dataset": "text"}).data
-    wmt = with_overrides(cli.load_config("configs/default.py"), {"data.dataset": "wmt14_translate/de-en"}).data
+    text = with_overrides(configfile.load_config("configs/default.py"), {"data.dataset": "text"}).data
+    wmt = with_overrides(configfile.load_config("configs/default.py"), {"data.dataset": "wmt14_translate/de-en"}).data
     assert "WMT" not in corpora_source.prepare_failure(ValueError("bad line"), text)
     assert "'Data' section" in corpora_source.prepare_failure(ValueError("bad line"), text)
     assert "'WMT 2014' section" in corpora_source.prepare_failure(ValueError("403"), wmt)

@@ -16,7 +16,7 @@ from conftest import TINY, env_with_devices, final_params, logged, run_train, sm
 from jax.sharding import AxisType, Mesh
 
 from configs import with_overrides
-from fxformer import exitcodes, optim, parallel, train
+from fxformer import exitcodes, optim, parallel, train, trainstate
 from fxformer.data import corpora, pipeline
 from fxformer.model import Transformer, TransformerConfig
 
@@ -63,6 +63,7 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
     assert float(sums["nll"]) / count == pytest.approx(nll / count, rel=1e-5)
 
 
+@pytest.mark.slow  # compiles a model
 def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     """loss_sums on a padded eval batch equals NumPy over its non-pad tokens of unmasked rows."""
     config = tiny_config(data_dir)
@@ -71,7 +72,7 @@ def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     targets = jnp.array([[10, 11, 3, 0, 0], [12, 13, 14, 15, 3], [16, 3, 0, 0, 0]])
     params = model.init(jax.random.key(0), inputs, targets)["params"]
     batch = {"inputs": inputs, "targets": targets, "example_mask": jnp.array([1.0, 1.0, 0.0])}  # row 3 is filler
-    sums = jax.device_get(train.loss_sums(params, batch, model, label_smoothing=0.1))
+    sums = jax.device_get(optim.loss_sums(params, batch, model, label_smoothing=0.1))
     logits = np.asarray(model.apply({"params": params}, inputs, targets), np.float64)
     loss, count = 0.0, 0
     for b in range(2):
@@ -91,17 +92,17 @@ def one_step(config, batch, devices, accum=1):
     mesh = Mesh(np.array(devices), ("data",), axis_types=(AxisType.Auto,))
     model = Transformer(TransformerConfig.from_config(config.model, 400))
     tx = optim.optimizer(config)
-    state = jax.jit(functools.partial(train.create_state, model, tx, 0), out_shardings=parallel.replicated(mesh))()
+    state = jax.jit(functools.partial(trainstate.create_state, model, tx, 0), out_shardings=parallel.replicated(mesh))()
     step = jax.jit(
         functools.partial(
             train.train_step, model=model, tx=tx, schedule=optim.learning_rate_schedule(config),
             label_smoothing=0.1, accum=accum,
         ),
-        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh), parallel.replicated(mesh)),
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
     )  # fmt: skip
     batch = {k: jax.device_put(v, parallel.sharded_rows(mesh)) for k, v in batch.items()}
     for _ in range(3):  # several steps, so that Adam's update depends on the gradients' values
-        state, metrics = step(state, batch, jax.random.key(1))
+        state, metrics = step(state, batch)
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
@@ -116,6 +117,7 @@ def tiny_config(data_dir, **overrides):
     return with_overrides(small_config(data_dir), {**TINY, **overrides})
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_eight_devices_equal_one_device(data_dir, packed_batch):
     assert jax.device_count() == 8
     config = tiny_config(data_dir)  # dropout on: its masks must not depend on the sharding either
@@ -127,6 +129,7 @@ def test_eight_devices_equal_one_device(data_dir, packed_batch):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles the model several times
 def test_micro_batches_equal_one_batch(data_dir, packed_batch):
     config = tiny_config(data_dir, **{"model.dropout_rate": 0.0})
     params2, metrics2 = one_step(config, packed_batch, jax.devices()[:2], accum=2)

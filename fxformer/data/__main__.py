@@ -14,6 +14,7 @@ import numpy as np
 
 from fxformer import cli
 from fxformer.data import baseline, corpora, pipeline, tokenizer_for
+from fxformer.errors import UserError
 
 BINS = [0, 8, 16, 32, 64, 128, 256, 512, 1024, 10**9]
 
@@ -38,7 +39,7 @@ def main() -> None:
     p.add_argument("--baseline_pairs", type=int, default=200_000, help="training pairs the baseline learns from")
     args, config = cli.parse(p)
     if config is None:
-        raise cli.UserError("Give --config=<config file>, e.g. --config=configs/default.py.")
+        raise UserError("Give --config=<config file>, e.g. --config=configs/default.py.")
     data = config.data
     start = time.time()
     builder = corpora.prepare(data)

@@ -21,8 +21,8 @@ import ml_collections
 import tensorflow_datasets as tfds
 
 from fxformer import paths
-from fxformer.cli import UserError
 from fxformer.data import grammar
+from fxformer.errors import UserError
 
 tfds.disable_progress_bar()
 

@@ -19,8 +19,8 @@ import grain
 import ml_collections
 import numpy as np
 
-from fxformer.cli import UserError
 from fxformer.data.tokenizer import Tokenizer
+from fxformer.errors import UserError
 from fxformer.tokens import EOS_ID, PAD_ID
 
 
@@ -183,3 +183,16 @@ def eval_batches(
                 batch["index"][row] = i
         batch["example_mask"] = (batch["index"] >= 0).astype(np.float32)
         yield batch
+
+
+def pairs_in(batch: dict) -> int:
+    """Sentence pairs in a packed batch: each row numbers its pairs 1, 2, ... in its segment ids."""
+    return int(batch["targets_segment_ids"].max(axis=1).sum())
+
+
+def epoch_size(total: int, length_filter: LengthFilter) -> float:
+    """Training pairs in one epoch: the split's pairs less those the length filter drops (the
+    share dropped so far estimates the share of the whole split)."""
+    if length_filter.overlong != "drop" or not length_filter.seen:
+        return float(max(total, 1))
+    return max(total * (1 - length_filter.overlong_pairs / length_filter.seen), 1.0)

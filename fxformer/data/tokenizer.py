@@ -13,7 +13,7 @@ import numpy as np
 import sentencepiece as spm
 
 from fxformer import paths
-from fxformer.cli import UserError
+from fxformer.errors import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 

@@ -1,0 +1,97 @@
+"""n-best and sampling from the command line, decode overrides, scoring a translation file,
+and a workdir written before the decode section (on the run trained with 8 fake devices)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import env_with_devices
+
+from fxformer import exitcodes
+
+LINES = "The dog sees the man.\nToday the woman buys a book.\n\nThe children are reading.\n"
+
+
+def run(module, *args, stdin=None):
+    return subprocess.run([sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True,
+                          text=True, input=stdin)  # fmt: skip
+
+
+def translate(workdir, *flags):
+    result = run("fxformer.translate", f"--workdir={workdir}", "--step=20", *flags, stdin=LINES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_nbest_prints_k_scored_translations_per_line_best_first(eight_device_workdir):
+    out = translate(eight_device_workdir, "--config.decode.nbest=3").splitlines()
+    assert len(out) == 4 * 3
+    rows = [line.split("\t") for line in out]
+    assert all(len(row) == 3 for row in rows)
+    assert [int(row[0]) for row in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [row[1:] for row in rows[6:9]] == [["", ""]] * 3  # the blank line: no translation, no score
+    for i in (0, 1, 3):
+        scores = [float(row[1]) for row in rows[3 * i : 3 * i + 3]]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+    best = translate(eight_device_workdir).splitlines()  # nbest 1: the plain best translation per line
+    assert [best[i] for i in (0, 1, 3)] == [rows[3 * i][2] for i in (0, 1, 3)] and best[2] == ""
+
+
+def test_sampling_with_a_seed_repeats_and_another_seed_differs(eight_device_workdir):
+    flags = ["--config.decode.strategy=sample", "--config.decode.temperature=0.7", "--config.decode.seed=5"]
+    first, again = translate(eight_device_workdir, *flags), translate(eight_device_workdir, *flags)
+    assert first == again and len(first.splitlines()) == 4
+    many = translate(eight_device_workdir, *flags[:2], "--config.decode.nbest=8", "--config.decode.temperature=2.0")
+    texts = {line.split("\t")[2] for line in many.splitlines() if line.startswith("0\t")}
+    assert len(texts) > 1  # hot samples of one sentence differ
+
+
+def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(eight_device_workdir):
+    for flag, words in (("--config.model.d_model=8", "fixed by the trained run"),
+                        ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
+                        ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
+                        ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'")):  # fmt: skip
+        result = run("fxformer.translate", f"--workdir={eight_device_workdir}", flag, stdin=LINES)
+        assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, tmp_path):
+    evaluated = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", "--step=20", "--limit=30")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    hyps = eight_device_workdir / "eval" / "test-20-first30.hyp.txt"
+    refs = eight_device_workdir / "eval" / "test-20-first30.ref.txt"
+    edited = tmp_path / "mine.txt"
+    references = refs.read_text().splitlines()  # a translation partly right: BLEU far from 0 and 100
+    lines = [" ".join(line.split()[::-1]) if i % 2 else line for i, line in enumerate(references)]
+    edited.write_text("".join(line + "\n" for line in lines))
+    assert hyps.exists()
+    scored = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}", "--limit=30")
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    bleu, chrf = (subprocess.run([sys.executable, "-m", "sacrebleu", str(refs), "-i", str(edited), "-m", metric, "-b",
+                                  "-w", "2"], capture_output=True, text=True, check=True).stdout.strip()
+                  for metric in ("bleu", "chrf"))  # fmt: skip
+    assert f"BLEU {bleu}, chrF {chrf}" in scored.stdout and 20 < float(bleu) < 90
+    short = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}")
+    assert short.returncode == exitcodes.USER_ERROR and "has 30 lines but the test split has" in short.stderr
+
+
+def test_a_workdir_from_before_the_decode_section_still_evaluates(eight_device_workdir, tmp_path):
+    workdir = tmp_path / "old"
+    shutil.copytree(eight_device_workdir, workdir)
+    config = json.loads((workdir / "config.json").read_text())
+    decode = config.pop("decode")
+    config.update(beam_size=2, alpha=decode["alpha"], max_decode_extra=decode["max_extra"])  # the old layout
+    (workdir / "config.json").write_text(json.dumps(config))
+    result = run("fxformer.evaluate", f"--workdir={workdir}", "--step=20", "--limit=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads((workdir / "eval" / "test-20-first8.json").read_text())
+    assert written["beam_size"] == 2 and written["decode"]["beam_size"] == 2  # taken from the old field
+
+
+@pytest.mark.parametrize("variant", ["t2t"])
+def test_the_t2t_beam_variant_runs_from_the_command_line(eight_device_workdir, variant):
+    out = translate(eight_device_workdir, f"--config.decode.beam_variant={variant}")
+    assert len(out.splitlines()) == 4
