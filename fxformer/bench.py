@@ -1,0 +1,243 @@
+"""How fast a config trains and decodes on the devices at hand, and how close to their limit.
+
+    python -m fxformer.bench --config=configs/base.py --config.model.dtype=bfloat16
+    python -m fxformer.bench --config=configs/default.py --json      # last line: one JSON object
+
+Synthetic data of the config's shapes (no dataset, no tokenizer): a training step on
+`data.tokens_per_batch` target tokens (packed rows of `data.max_length`, one sentence per row),
+and a beam search (the config's decode section) over a fixed batch of random sources. Prints
+devices and dtype, parameters, tokens per step, compile time, the median step time over the
+timed steps, target tokens/s, model FLOPs per step (an analytic count, `train_flops`, tested
+against XLA's cost analysis), achieved TFLOP/s and MFU against the device's peak (`PEAK_TFLOPS`;
+none on a CPU), peak memory, and decoding sentences/s and output tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fxformer import cli, inference, parallel, train, trainstate
+from fxformer.data import pipeline
+from fxformer.errors import UserError
+from fxformer.model import TransformerConfig
+from fxformer.tokens import EOS_ID
+
+# Dense peak TFLOP/s per chip by device kind (the start of jax.Device.device_kind) and dtype:
+# vendors' figures without sparsity; float32 on GPUs is TF32 tensor-core math (XLA's default).
+PEAK_TFLOPS = {
+    "NVIDIA H200": {"bfloat16": 989.0, "float32": 494.0},
+    "NVIDIA H100": {"bfloat16": 989.0, "float32": 494.0},  # SXM
+    "NVIDIA A100": {"bfloat16": 312.0, "float32": 156.0},
+    "TPU v6": {"bfloat16": 918.0, "float32": 918.0},  # v6e (Trillium)
+    "TPU v5p": {"bfloat16": 459.0, "float32": 459.0},
+    "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},  # v5e
+    "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
+}
+
+
+def peak_tflops(device: jax.Device, dtype: str) -> float | None:
+    """The chip's dense peak for `dtype`, or None when unknown (a CPU)."""
+    for kind, peaks in PEAK_TFLOPS.items():
+        if device.device_kind.startswith(kind):
+            return peaks.get(dtype)
+    return None
+
+
+def forward_flops(c: TransformerConfig, rows: int, source_len: int, target_len: int) -> float:
+    """Matrix-multiply FLOPs (2 per multiply-add) of one teacher-forced forward pass over `rows`
+    rows: every projection, both attention products over all positions (masks do not save work
+    in the XLA path), the feed-forward networks and the output projection to the vocabulary."""
+    d, h, dk, dv, ff = c.d_model, c.num_heads, c.d_k, c.d_v, c.d_ff
+
+    def attention(q_len: int, kv_len: int) -> float:
+        projections = q_len * d * h * dk + kv_len * d * h * (dk + dv) + q_len * h * dv * d
+        products = q_len * kv_len * h * (dk + dv)
+        return 2.0 * (projections + products)
+
+    feed_forward = lambda length: 2.0 * 2 * length * d * ff  # noqa: E731
+    encoder = c.num_layers * (attention(source_len, source_len) + feed_forward(source_len))
+    decoder = c.num_layers * (
+        attention(target_len, target_len) + attention(target_len, source_len) + feed_forward(target_len)
+    )
+    logits = 2.0 * target_len * d * c.vocab_size
+    return rows * (encoder + decoder + logits)
+
+
+def train_flops(c: TransformerConfig, rows: int, length: int) -> float:
+    """A training step: the forward pass and a backward pass of twice its FLOPs."""
+    return 3.0 * forward_flops(c, rows, length, length)
+
+
+def synthetic_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Packed-format rows of random tokens, one sentence filling each row."""
+    rng = np.random.default_rng(seed)
+    tokens = lambda: rng.integers(4, vocab_size, size=(rows, length)).astype(np.int32)  # noqa: E731
+    ones = np.ones((rows, length), np.int32)
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
+    return {"inputs": tokens(), "targets": tokens(), "inputs_segment_ids": ones, "targets_segment_ids": ones,
+            "inputs_positions": positions, "targets_positions": positions}  # fmt: skip
+
+
+def peak_memory() -> tuple[int | None, str]:
+    """(bytes, what was measured): the first device's peak allocation where the runtime reports
+    it (GPU, TPU), else this process's peak resident memory (CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def bench_train(config, steps: int) -> dict:
+    mesh = parallel.data_mesh()
+    vocab = config.data.vocab_size
+    model, tx, _ = trainstate.build(config, vocab, mesh)
+    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
+    length = config.data.max_length
+    state = jax.jit(lambda: trainstate.create_state(model, tx, config.seed), out_shardings=parallel.replicated(mesh))()
+    step = train.compile_train_step(config, model, tx, mesh)
+    batch = parallel.global_batch(mesh, synthetic_batch(rows, length, vocab))
+    progress(f"compiling the train step ({rows} rows x {length} tokens)")
+    start = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    times = []
+    for i in range(steps + 2):  # two untimed steps first
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+            progress(f"train step {i - 1}/{steps}: {times[-1] * 1000:.1f} ms")
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {
+        "num_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
+        "rows_per_step": rows,
+        "tokens_per_step": rows * length,
+        "compile_s": compile_s,
+        "step_time_s": statistics.median(times),
+        "flops_per_step": train_flops(model.config, rows, length),
+        "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost else None,
+        "model_config": model.config,
+    }
+
+
+def bench_decode(config, model_config: TransformerConfig, batch_size: int, source_len: int, repeats: int) -> dict:
+    mesh = parallel.data_mesh()
+    model, _, _ = trainstate.build(config, model_config.vocab_size, mesh)
+    params = jax.jit(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)))()
+    params = params["params"]
+    section = config.decode.copy_and_resolve_references()
+    section.nbest = 1
+    translate = inference.translator(model, mesh, section)
+    rng = np.random.default_rng(1)
+    sources = rng.integers(4, model_config.vocab_size, size=(batch_size, source_len)).astype(np.int32)
+    sources[:, -1] = EOS_ID
+    inputs = parallel.global_batch(mesh, {"inputs": sources})["inputs"]
+    key = jax.random.key(0)
+    progress(f"compiling {section.strategy} search (beam {section.beam_size}) for {batch_size} x {source_len}")
+    start = time.perf_counter()
+    compiled = translate.lower(params, inputs, key).compile()
+    compile_s = time.perf_counter() - start
+    times, produced = [], 0
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        outputs, _ = compiled(params, inputs, key)
+        outputs = jax.block_until_ready(outputs)
+        if i:
+            times.append(time.perf_counter() - start)
+            produced = int((np.asarray(outputs)[:, 0] > 0).sum())
+            progress(f"decode {i}/{repeats}: {times[-1]:.2f} s")
+    seconds = statistics.median(times)
+    return {
+        "decode_compile_s": compile_s,
+        "decode_batch": batch_size,
+        "decode_source_len": source_len,
+        "decode_beam_size": section.beam_size,
+        "decode_sentences_per_s": batch_size / seconds,
+        "decode_tokens_per_s": produced / seconds,
+    }
+
+
+def run(config, steps: int, decode_batch: int, decode_len: int, decode_repeats: int) -> dict:
+    device = jax.devices()[0]
+    dtype = config.model.dtype
+    out = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count(), "dtype": dtype}
+    t = bench_train(config, steps)
+    model_config = t.pop("model_config")
+    out.update(t)
+    out["train_tokens_per_s"] = t["tokens_per_step"] / t["step_time_s"]
+    achieved = t["flops_per_step"] / t["step_time_s"]
+    out["achieved_tflops"] = achieved / 1e12
+    peak = peak_tflops(device, dtype)
+    out["peak_tflops"] = peak * jax.device_count() if peak else None
+    out["mfu"] = achieved / (out["peak_tflops"] * 1e12) if peak else None
+    if decode_batch:
+        out.update(bench_decode(config, model_config, decode_batch, decode_len, decode_repeats))
+    else:
+        out.update(decode_sentences_per_s=None, decode_tokens_per_s=None)
+    out["peak_memory_bytes"], out["peak_memory_of"] = peak_memory()
+    return out
+
+
+def table(r: dict) -> str:
+    fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+    rows = [
+        ("devices", f"{r['devices']} x {r['device']} ({r['platform']}), {r['dtype']}"),
+        ("parameters", f"{r['num_params']:,}"),
+        ("tokens per step", f"{r['tokens_per_step']:,} ({r['rows_per_step']} rows)"),
+        ("compile", f"{r['compile_s']:.1f} s"),
+        ("step time (median)", f"{r['step_time_s'] * 1000:.1f} ms"),
+        ("target tokens/s", f"{r['train_tokens_per_s']:,.0f}"),
+        ("model FLOPs per step", f"{r['flops_per_step']:.3e} (XLA: {fmt(r['xla_flops_per_step'], '.3e')})"),
+        ("achieved", f"{r['achieved_tflops']:.2f} TFLOP/s"),
+        ("MFU", "n/a (no known peak)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f}"),
+        (
+            "peak memory",
+            f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**20, ',.0f')} MiB ({r['peak_memory_of']})",
+        ),  # fmt: skip
+    ]
+    if r.get("decode_sentences_per_s"):
+        rows.append(
+            (
+                f"decode (beam {r['decode_beam_size']}, {r['decode_batch']} x {r['decode_source_len']})",
+                f"{r['decode_sentences_per_s']:,.1f} sentences/s, {r['decode_tokens_per_s']:,.0f} tokens/s",
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main() -> None:
+    p = cli.parser(__doc__, "fxformer.bench")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps (after compiling and two more)")
+    p.add_argument("--decode_batch", type=int, default=32, help="sentences in the decoding batch (0 = skip)")
+    p.add_argument("--decode_len", type=int, default=24, help="source tokens per sentence in the decoding batch")
+    p.add_argument("--decode_repeats", type=int, default=2, help="timed decoding runs")
+    p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
+    args, config = cli.parse(p)
+    if config is None:
+        raise UserError("Give --config=<config file>, e.g. --config=configs/base.py.")
+    if args.steps < 1 or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
+        raise UserError("--steps, --decode_repeats must be at least 1, --decode_batch 0 or more, --decode_len 2+.")
+    train.check_config(config)
+    results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats)
+    print(table(results))
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    cli.run(main)

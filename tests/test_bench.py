@@ -1,0 +1,59 @@
+"""The benchmark: its analytic FLOP count against XLA's own cost analysis, and its JSON line."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import env_with_devices
+from jax.sharding import AxisType, Mesh
+
+from configs import with_overrides
+from fxformer import bench, configfile, parallel, train, trainstate
+
+
+def xla_train_flops(config) -> float:
+    """FLOPs XLA counts for one compiled training step of `config` (one device)."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",), axis_types=(AxisType.Auto,))
+    model, tx, abstract_state = trainstate.build(config, config.data.vocab_size, mesh)
+    rows, length = 16, config.data.max_length
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=parallel.sharded_rows(mesh))
+             for k, v in bench.synthetic_batch(rows, length, config.data.vocab_size).items()}  # fmt: skip
+    compiled = train.compile_train_step(config, model, tx, mesh).lower(abstract_state, batch).compile()
+    cost = compiled.cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["flops"], model.config, rows, length
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # configs/default.py: d_model 128, 3 layers, vocabulary 1,000
+        {"model.d_k": 16, "model.d_v": 48, "model.num_heads": 4, "data.vocab_size": 3000},  # Table 3 B-like heads
+        {"model.d_model": 256, "model.d_ff": 1024, "model.num_layers": 2, "data.max_length": 32},
+    ],
+)
+def test_the_analytic_flop_count_is_within_ten_percent_of_xla(overrides):
+    config = with_overrides(configfile.load_config("configs/default.py"), overrides)
+    xla, model_config, rows, length = xla_train_flops(config)
+    ours = bench.train_flops(model_config, rows, length)
+    assert ours == pytest.approx(xla, rel=0.10), (ours, xla)
+
+
+def test_bench_prints_a_table_and_a_json_line(tmp_path):
+    command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", "--steps=2",
+               "--decode_batch=4", "--decode_len=8", "--decode_repeats=1", "--config.model.num_layers=1",
+               "--config.data.tokens_per_batch=1024", "--config.decode.max_extra=4"]  # fmt: skip
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("train_tokens_per_s", "step_time_s", "flops_per_step", "mfu", "peak_memory_bytes",
+                "decode_sentences_per_s"):  # fmt: skip
+        assert key in out, key
+    assert out["mfu"] is None and out["platform"] == "cpu"  # no known peak for a CPU
+    assert out["tokens_per_step"] == 16 * 64 and out["train_tokens_per_s"] == pytest.approx(
+        out["tokens_per_step"] / out["step_time_s"])  # fmt: skip
+    assert out["flops_per_step"] == pytest.approx(out["xla_flops_per_step"], rel=0.10)
+    assert out["decode_sentences_per_s"] > 0 and out["peak_memory_bytes"] > 0
+    assert "target tokens/s" in result.stdout and "bench: train step 2/2" in result.stderr
