@@ -26,6 +26,7 @@ def xla_train_flops(config) -> float:
     return (cost[0] if isinstance(cost, list) else cost)["flops"], model.config, rows, length
 
 
+@pytest.mark.slow  # compiles three training steps
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -1,0 +1,189 @@
+"""Table 3 of the paper: one config per row, named by the argument `<row>[,<profile>]`.
+
+    python -m fxformer.train --config=configs/table3.py:B1 --workdir=runs/table3/B1
+    python -m fxformer.train --config=configs/table3.py:C4,mini --workdir=runs/mini/C4
+    python -m experiments run table3 --root=runs/table3-mini --profile=mini   # every row
+
+Rows: base, A1..A4, B1, B2, C1..C7, D1..D4, E, big. Blank cells are the base model's.
+Table 3 reports dev (newstest2013) results with beam search and no checkpoint averaging.
+
+Profiles:
+  paper  the rows as published: WMT14, 100K steps (big: 300K).
+  mini   every row's change applied to a scaled-down base on the embedded corpus, for a
+         2-core CPU: widths (d_model, d_ff, d_k, d_v) x 1/4, layers x 1/2, steps 100K -> 300,
+         so each row keeps its change relative to base (C4 halves d_model: 128 -> 64).
+  smoke  the same, scaled to seconds per row: for tests.
+"""
+
+import ml_collections
+
+from configs import base, big, with_overrides
+from fxformer.resolve import resolve_derived
+
+ROWS = {
+    "base": {},
+    "A1": {"model.num_heads": 1, "model.d_k": 512, "model.d_v": 512},
+    "A2": {"model.num_heads": 4, "model.d_k": 128, "model.d_v": 128},
+    "A3": {"model.num_heads": 16, "model.d_k": 32, "model.d_v": 32},
+    "A4": {"model.num_heads": 32, "model.d_k": 16, "model.d_v": 16},
+    "B1": {"model.d_k": 16},
+    "B2": {"model.d_k": 32},
+    "C1": {"model.num_layers": 2},
+    "C2": {"model.num_layers": 4},
+    "C3": {"model.num_layers": 8},
+    "C4": {"model.d_model": 256, "model.d_k": 32, "model.d_v": 32},
+    "C5": {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128},
+    "C6": {"model.d_ff": 1024},
+    "C7": {"model.d_ff": 4096},
+    "D1": {"model.dropout_rate": 0.0},
+    "D2": {"model.dropout_rate": 0.2},
+    "D3": {"label_smoothing": 0.0},
+    "D4": {"label_smoothing": 0.2},
+    "E": {"model.positional": "learned"},
+    "big": big.OVERRIDES,
+}
+
+# The paper's published figures for each row: dev perplexity, dev BLEU, parameters x 1e6.
+PAPER = {
+    "base": (4.92, 25.8, 65),
+    "A1": (5.29, 24.9, None),
+    "A2": (5.00, 25.5, None),
+    "A3": (4.91, 25.8, None),
+    "A4": (5.01, 25.4, None),
+    "B1": (5.16, 25.1, 58),
+    "B2": (5.01, 25.4, 60),
+    "C1": (6.11, 23.7, 36),
+    "C2": (5.19, 25.3, 50),
+    "C3": (4.88, 25.5, 80),
+    "C4": (5.75, 24.5, 28),
+    "C5": (4.66, 26.0, 168),
+    "C6": (5.12, 25.4, 53),
+    "C7": (4.75, 26.2, 90),
+    "D1": (5.77, 24.6, None),
+    "D2": (4.95, 25.5, None),
+    "D3": (4.67, 25.3, None),
+    "D4": (5.47, 25.7, None),
+    "E": (4.92, 25.7, None),
+    "big": (4.33, 26.4, 213),
+}
+
+# A scaled profile: the base it starts from, and the factors applied to the paper's values of
+# these fields in every row (so 100K base steps become `steps`, big's 300K three times that).
+MINI_BASE = {
+    "model.num_layers": 3,
+    "model.d_model": 128,
+    "model.d_ff": 512,
+    "model.num_heads": 8,
+    "model.d_k": 16,
+    "model.d_v": 16,
+    "model.max_len": 128,
+    "data.dataset": "embedded",
+    "data.num_validation": 500,
+    "data.vocab_size": 1000,
+    "data.tokenizer_sentences": 100_000,
+    "data.max_length": 64,
+    "data.tokens_per_batch": 2048,
+    "warmup_steps": 150,
+    "checkpoint_every_steps": 100,
+    "checkpoint_every_minutes": 0.0,  # saves at fixed steps only: a resumed row retraces the same steps
+    "keep_checkpoints": 2,
+    "log_every_steps": 25,
+    "eval_every_steps": 50,  # dev perplexity along the way: the learning curves
+}
+SMOKE_BASE = {
+    **MINI_BASE,
+    "model.num_layers": 1,
+    "model.d_model": 32,
+    "model.d_ff": 128,
+    "model.d_k": 4,
+    "model.d_v": 4,
+    "model.max_len": 64,
+    "data.num_train": 2000,
+    "data.num_validation": 40,
+    "data.num_test": 40,
+    "data.vocab_size": 300,
+    "data.tokenizer_sentences": 4000,
+    "data.max_length": 32,
+    "data.tokens_per_batch": 256,
+    "data.eval_batch_size": 40,
+    "warmup_steps": 10,
+    "checkpoint_every_steps": 4,
+    "log_every_steps": 2,
+    "eval_every_steps": 4,
+    "decode.max_extra": 8,
+}
+PROFILES = {
+    "paper": None,
+    "mini": (MINI_BASE, {"width": 1 / 4, "layers": 1 / 2, "steps": 300 / 100_000}),
+    "smoke": (SMOKE_BASE, {"width": 1 / 16, "layers": 1 / 6, "steps": 8 / 100_000}),
+}
+SCALED = {
+    "model.d_model": "width", "model.d_ff": "width", "model.d_k": "width", "model.d_v": "width",
+    "model.num_layers": "layers", "num_train_steps": "steps",
+}  # fmt: skip
+BOOKKEEPING = ("checkpoint_every_steps", "average_last")  # the profile's own, not a row's change
+
+
+def scaled(overrides: dict, factors: dict) -> dict:
+    """A row's overrides in a scaled profile: scaled fields multiplied, bookkeeping dropped."""
+    out = {}
+    for key, value in overrides.items():
+        if key in BOOKKEEPING:
+            continue
+        out[key] = max(1, round(value * factors[SCALED[key]])) if key in SCALED else value
+    return out
+
+
+def get_config(arg: str = "base") -> ml_collections.ConfigDict:
+    """The base config with Table 3 row `row` applied in `profile`; dev evaluation without averaging."""
+    row, _, profile = arg.partition(",")
+    profile = profile or "paper"
+    if row not in ROWS:
+        raise ValueError(f"Unknown Table 3 row '{row}'; choose one of {', '.join(ROWS)}.")
+    if profile not in PROFILES:
+        raise ValueError(f"Unknown Table 3 profile '{profile}'; choose one of {', '.join(PROFILES)}.")
+    if PROFILES[profile] is None:
+        config = with_overrides(base.get_config(), ROWS[row])
+    else:
+        start, factors = PROFILES[profile]
+        config = with_overrides(base.get_config(), start)
+        config.num_train_steps = round(config.num_train_steps * factors["steps"])
+        config = with_overrides(config, scaled(ROWS[row], factors))
+    config.average_last = 1
+    return resolve_derived(config)  # d_k and d_v explicit in every row, as in the paper's table
+
+
+# The paper's Table 3 layout: column label -> config field (a blank cell = the base row's value).
+COLUMNS = {
+    "N": "model.num_layers",
+    "d_model": "model.d_model",
+    "d_ff": "model.d_ff",
+    "h": "model.num_heads",
+    "d_k": "model.d_k",
+    "d_v": "model.d_v",
+    "P_drop": "model.dropout_rate",
+    "eps_ls": "label_smoothing",
+    "positions": "model.positional",
+    "train steps": "num_train_steps",
+}
+
+
+def sweep(profile: str = "paper") -> dict:
+    """Table 3 as a sweep (`python -m experiments run table3`): every row, evaluated as the paper did."""
+    return {
+        "runs": {row: f"configs/table3.py:{row},{profile}" for row in ROWS},
+        "baseline": "base",
+        "columns": COLUMNS,
+        "metrics": {"ppl": "lower", "bleu": "higher"},
+        "reference": {
+            row: {"ppl": ppl, "bleu": bleu, "params": params and params * 1e6}
+            for row, (ppl, bleu, params) in PAPER.items()
+        },  # fmt: skip
+        # dev = newstest2013 for WMT, beam 4, alpha 0.6, no checkpoint averaging
+        "eval_flags": [
+            "--split=validation",
+            "--average_last=1",
+            "--config.decode.beam_size=4",
+            "--config.decode.alpha=0.6",
+        ],  # fmt: skip
+    }

@@ -1,0 +1,47 @@
+"""python -m experiments <verb> ...: launch runs and sweeps anywhere (local processes, a TPU pod, SLURM).
+
+    launch   start one fxformer run: --backend=local|tpu|slurm, fxformer.train's flags after --
+    setup    prepare the machines (tpu: code and virtual environment on every worker)
+    logs     fetch and show a run's per-process logs
+    stop     ask a run's processes to save and stop
+
+    plan     a sweep's rows, commands and table, e.g. `plan table3 --profile=mini`
+    run      run a sweep's rows (resumable): `run table3 --root=R --profile=mini [--only=A*,base]`
+    status   per row: state, step / total, attempts, ETA
+    collect  the results table beside the paper's (markdown, CSV, JSON)
+    plot     PNG figures of the results
+
+`python -m experiments <verb> --help` explains each. Imports no JAX: safe on a login or head node.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from experiments import launch, runner
+from experiments.group import LaunchError
+from fxformer import exitcodes
+from fxformer.errors import UserError
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return exitcodes.OK if argv else exitcodes.USER_ERROR
+    verb, rest = argv[0], argv[1:]
+    verbs = {**launch.VERBS, **runner.VERBS}
+    if verb not in verbs:
+        print(f"error: unknown verb '{verb}'; choose one of {', '.join(verbs)}.", file=sys.stderr)
+        return exitcodes.USER_ERROR
+    try:
+        return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
+    except (LaunchError, UserError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exitcodes.USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""A sweep as data: named runs over a config, the metrics to report, an optional reference table.
+
+A config file describes its own sweep with `sweep(profile)`, beside `get_config` (big_vision's
+habit), returning a plain dict; `configs/table3.py` is the first:
+
+    def sweep(profile="paper"):
+        return {
+            "runs": {"base": "configs/table3.py:base,mini", "B1": "configs/table3.py:B1,mini", ...},
+            "baseline": "base",                      # the run every other is compared with
+            "columns": {"N": "model.num_layers", ...},  # the table's layout: label -> config key
+            "metrics": {"ppl": "lower", "bleu": "higher"},  # from fxformer.evaluate's results
+            "reference": {"base": {"ppl": 4.92, "bleu": 25.8, "params": 65e6}, ...},  # optional
+            "eval_flags": ["--split=validation", "--average_last=1"],
+        }
+
+A run is a config spec, optionally with overrides: `("configs/default.py", {"model.d_model": 256})`.
+Grids come from `product` and `zipit` over `axis(key, values)`, named by their overrides:
+
+    runs = grid("configs/default.py", product(axis("model.num_heads", [4, 8]), axis("seed", [0, 1])))
+
+Resolving a run's config imports no JAX (only the config files and ml_collections).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+
+from experiments.group import LaunchError
+from fxformer import configfile
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a sweep: `--config=<config>` plus `--config.<key>=<value>` for each override."""
+
+    name: str
+    config: str
+    overrides: tuple[tuple[str, object], ...] = ()
+
+    def flags(self, extra: tuple[str, ...] = ()) -> list[str]:
+        """fxformer.train's config flags for this run (the workdir is added by the runner)."""
+        return [f"--config={self.config}", *(f"--config.{k}={v}" for k, v in self.overrides), *extra]
+
+    def resolved(self, extra: tuple[str, ...] = ()) -> dict:
+        """The config this run trains with, as the JSON fxformer.train writes to W/config.json."""
+        spec, *rest = self.flags(extra)
+        config = configfile.resolve(spec.removeprefix("--config="), configfile.overrides(rest))
+        return json.loads(config.to_json())
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    name: str
+    profile: str
+    runs: tuple[Run, ...]
+    baseline: str | None = None
+    columns: dict = dataclasses.field(default_factory=dict)
+    metrics: dict = dataclasses.field(default_factory=lambda: {"ppl": "lower", "bleu": "higher"})
+    reference: dict = dataclasses.field(default_factory=dict)
+    eval_flags: tuple[str, ...] = ()
+
+    def select(self, only: str) -> list[Run]:
+        """The runs matching `--only` (comma-separated names or shell patterns: 'A*,base'), in order."""
+        if not only:
+            return list(self.runs)
+        patterns = [p.strip() for p in only.split(",") if p.strip()]
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(run.name, pattern) for run in self.runs):
+                names = ", ".join(run.name for run in self.runs)
+                raise LaunchError(f"--only: '{pattern}' matches no run of {self.name}; its runs are {names}.")
+        return [run for run in self.runs if any(fnmatch.fnmatchcase(run.name, p) for p in patterns)]
+
+
+def axis(key: str, values) -> list[dict]:
+    """One swept field: [{key: v} for each value]."""
+    return [{key: v} for v in values]
+
+
+def product(*axes: list[dict]) -> list[dict]:
+    """Every combination of the axes' settings."""
+    return [dict(itertools.chain.from_iterable(d.items() for d in combo)) for combo in itertools.product(*axes)]
+
+
+def zipit(*axes: list[dict]) -> list[dict]:
+    """The axes' settings side by side (equal lengths): the i-th of each together."""
+    if len({len(a) for a in axes}) > 1:
+        raise ValueError("zipit needs axes of equal length")
+    return [dict(itertools.chain.from_iterable(d.items() for d in combo)) for combo in zip(*axes)]
+
+
+def grid(config: str, settings: list[dict]) -> dict:
+    """Runs of `config` with each setting's overrides, named by them: 'num_heads=4,seed=0'."""
+    runs = {}
+    for setting in settings:
+        name = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in setting.items()) or "default"
+        runs[name] = (config, setting)
+    return runs
+
+
+def from_dict(name: str, profile: str, description: dict) -> Sweep:
+    """A Sweep from a config file's `sweep(profile)` dict (runs: name -> spec or (spec, overrides))."""
+    runs = []
+    for run_name, spec in description["runs"].items():
+        config, overrides = (spec, {}) if isinstance(spec, str) else spec
+        runs.append(Run(run_name, config, tuple(overrides.items())))
+    return Sweep(
+        name=name,
+        profile=profile,
+        runs=tuple(runs),
+        baseline=description.get("baseline"),
+        columns=dict(description.get("columns", {})),
+        metrics=dict(description.get("metrics", {"ppl": "lower", "bleu": "higher"})),
+        reference=dict(description.get("reference", {})),
+        eval_flags=tuple(description.get("eval_flags", ())),
+    )
+
+
+def load(name: str, profile: str) -> Sweep:
+    """The sweep `name` (configs/<name>.py, or a path to a config file) in `profile`."""
+    path = Path(name) if name.endswith(".py") else CONFIGS / f"{name}.py"
+    if not path.is_file():
+        raise LaunchError(f"No sweep '{name}': {path} does not exist (give configs/<name>.py with sweep()).")
+    configfile.make_importable(path)
+    spec = importlib.util.spec_from_file_location(f"_fxformer_sweep_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "sweep"):
+        raise LaunchError(f"{path} describes no sweep: it has no sweep(profile) function.")
+    profiles = getattr(module, "PROFILES", None)
+    if profiles is not None and profile not in profiles:
+        raise LaunchError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
+    return from_dict(path.stem, profile, module.sweep(profile))

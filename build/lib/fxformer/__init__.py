@@ -1,0 +1,1 @@
+"""fxformer: the original Transformer ("Attention Is All You Need") in JAX/Flax."""

@@ -1,0 +1,290 @@
+"""Orbax checkpoints: save (async, sharded), restore onto any device count, average.
+
+A training checkpoint `W/checkpoints/<step>` holds two items: `state` (step, parameters,
+optimizer state, RNG key) and `data` (the grain iterator's position, one file per process).
+An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps averaged).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import grain
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from fxformer import paths
+from fxformer.errors import UserError
+
+
+def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
+    """A manager over `directory` (a local path or a URL) keeping the last `keep` steps (0 = all)."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep or None, enable_async_checkpointing=asynchronous, create=True
+    )
+    return ocp.CheckpointManager(paths.absolute(directory), options=options)
+
+
+TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
+
+
+def remove_unfinished(directory: paths.PathLike, log=print) -> None:
+    """Delete the temporary directories of saves that never finished (a kill during a save)."""
+    directory = paths.as_path(directory)
+    if not directory.exists():
+        return
+    for path in directory.iterdir():
+        if TEMPORARY in path.name:
+            log(f"removing {path}: a save that never finished")
+            path.rmtree() if path.is_dir() else path.unlink()
+
+
+class SaveFailed(UserError):
+    """A checkpoint could not be written (a full disk, a lost bucket); the earlier ones are intact."""
+
+
+def complete_steps(directory: paths.PathLike) -> list[int]:
+    """The steps whose saves finished (an unfinished one is still named `<step>.orbax-checkpoint-tmp...`)."""
+    directory = paths.as_path(directory)
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
+    """One sentence: why the save failed and which checkpoint the next run resumes from."""
+    text = str(error)
+    reason = (
+        paths.unwritable(error)
+        or next(
+            (
+                words
+                for words in (
+                    "No space left on device",
+                    "Read-only file system",
+                    "Permission denied",
+                    "Disk quota exceeded",
+                    "File too large",
+                )
+                if words in text
+            ),  # fmt: skip
+            f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}",
+        )
+    )
+    if step is None:  # the save that failed is the one left unfinished
+        unfinished = [p.name.split(".")[0] for p in paths.as_path(directory).iterdir() if TEMPORARY in p.name]
+        step = int(unfinished[-1]) if unfinished and unfinished[-1].isdigit() else None
+    done = [s for s in complete_steps(directory) if s != step]
+    last = f"the last complete checkpoint is {directory}/{done[-1]}" if done else "no checkpoint is complete"
+    what = f"Saving step {step}" if step is not None else "A save"
+    return SaveFailed(
+        f"{what} to {directory} failed ({reason}); {last}: free space there (or fix the directory) and run the "
+        "same command to resume from it."
+    )
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
+    """Start writing `state` (and the data iterator's position) at `step`; returns before it is
+    written. A failure of an earlier background save is raised here (or by `check`, `wait`) as SaveFailed."""
+    items = {"state": ocp.args.StandardSave(state)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    try:
+        mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    except Exception as e:  # noqa: BLE001 - orbax wraps OS errors in ValueError / RuntimeError
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def check(mngr: ocp.CheckpointManager) -> None:
+    """Raise SaveFailed now if a background save has failed (cheap: no waiting)."""
+    try:
+        mngr.check_for_errors()
+    except Exception as e:  # noqa: BLE001
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def wait(mngr: ocp.CheckpointManager) -> None:
+    """Block until the background save is written; SaveFailed if it was not."""
+    try:
+        mngr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+        raise save_failed(mngr.directory, None, e) from None
+
+
+def _quiet_closed_loop(hook):
+    """`hook` (sys.excepthook / sys.unraisablehook), silent about orbax's write callbacks that land
+    on an event loop already closed by a failed save; everything else is reported as before."""
+
+    def quiet(*args):
+        error = args[1] if len(args) == 3 else getattr(args[0], "exc_value", None)
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(*args)
+
+    return quiet
+
+
+sys.excepthook = _quiet_closed_loop(sys.excepthook)
+sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+
+
+def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:
+    """Delete the checkpoints at `step` and after (once written); the latest step left, or None."""
+    wait(mngr)
+    for saved in mngr.all_steps():
+        if saved >= step:
+            mngr.delete(saved)
+    return mngr.latest_step()
+
+
+def close(mngr: ocp.CheckpointManager, failing: bool = False) -> None:
+    """Wait for the last save and close; `failing` (the run is already stopping on an error):
+    a second failure is not reported, and the dying background saves are silenced."""
+    try:
+        wait(mngr)
+        mngr.close()
+    except SaveFailed:
+        if not failing:
+            raise
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)  # orbax's abandoned writes
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
+    """The state at `step`, laid out as `abstract_state` says (its shardings pick the devices).
+
+    `data_iterator`, if given, is moved to the saved position.
+    """
+    mismatch = shape_mismatch(mngr.directory, step, abstract_state)
+    if mismatch:
+        raise UserError(
+            f"Checkpoint {mngr.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
+            "use the workdir's own tokenizer.model and config, or a new --workdir."
+        )
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    try:
+        return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
+    except FileNotFoundError:
+        raise UserError(f"Checkpoint {mngr.directory}/{step} is missing or incomplete.") from None
+    except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
+        if data_iterator is not None and "process_" in str(e):
+            raise UserError(data_position_problem(mngr.directory, step)) from None
+        raise UserError(
+            f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
+            "delete that step's directory or pick another with --step."
+        ) from None
+
+
+def shape_mismatch(directory, step: int, abstract_state) -> str | None:
+    """How the parameters saved at `step` differ from the model's ('embedding 400 x 32 in the
+    checkpoint vs 300 x 32'), or None when they match or the metadata cannot be read (then the
+    restore itself reports what is wrong)."""
+    try:
+        meta = ocp.PyTreeCheckpointHandler().metadata(paths.absolute(directory) / str(step) / "state")
+        saved_tree = getattr(meta, "tree", meta)["params"]
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore names the damage
+        return None
+    name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)  # noqa: E731
+    saved = {name(p): tuple(leaf.shape) for p, leaf in jax.tree_util.tree_leaves_with_path(saved_tree)}
+    wanted = {name(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
+    size = lambda shape: " x ".join(map(str, shape)) or "a scalar"  # noqa: E731
+    for key, shape in wanted.items():
+        if key not in saved:
+            return f"{key} is not in the checkpoint"
+        if saved[key] != shape:
+            return f"{key} is {size(saved[key])} in the checkpoint vs {size(shape)}"
+    extra = sorted(set(saved) - set(wanted))
+    return f"{extra[0]} is in the checkpoint but not in the model" if extra else None
+
+
+def data_position_problem(directory, step: int) -> str:
+    """Why the data iterator's position at `step` cannot be read, in one sentence."""
+    data = paths.as_path(directory) / str(step) / "data"
+    saved = sorted(p.name for p in data.iterdir() if p.name.startswith("process_")) if data.exists() else []
+    counts = {name.rsplit("-of-", 1)[-1].removesuffix(".json") for name in saved}
+    if counts and counts != {str(jax.process_count())}:
+        return (
+            f"Checkpoint {directory}/{step} was written by {', '.join(sorted(counts))} process(es), not "
+            f"{jax.process_count()}; resume with the same process count."
+        )
+    return (
+        f"Checkpoint {directory}/{step} lacks this process's data position ({data}/process_{jax.process_index()}"
+        f"-of-{jax.process_count()}.json); the parameters are intact: restore that file, or resume from another "
+        "checkpoint by moving this step's directory aside."
+    )
+
+
+def abstract_like(tree, sharding) -> object:
+    """Shapes and dtypes of `tree` (arrays or ShapeDtypeStructs), each placed with `sharding`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_state) -> dict:
+    """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or 20)."""
+    total = None
+    for step in steps:
+        params = restore(mngr, step, abstract_state).params
+        total = params if total is None else jax.tree.map(jnp.add, total, params)
+    return jax.tree.map(lambda x: x / len(steps), total)
+
+
+def save_params(mngr: ocp.CheckpointManager, step: int, params, meta: dict) -> None:
+    """Write parameters alone (an averaged checkpoint) with a JSON description, and wait."""
+    args = ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta))
+    mngr.save(step, args=args, force=True)
+    mngr.wait_until_finished()
+
+
+def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> tuple[dict, dict]:
+    """Parameters and description of an averaged checkpoint."""
+    args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+    try:
+        out = mngr.restore(step, args=args)
+    except Exception as e:
+        raise UserError(
+            f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); it is only a cache: "
+            f"delete {mngr.directory}/{step} and it is averaged again from the training checkpoints."
+        ) from None
+    return out["params"], out["meta"]
+
+
+class Best:
+    """The parameters with the best dev metric so far, in `W/best/<step>` (model selection on dev),
+    kept apart from the rotating last K: lower is better for perplexity and loss, higher for
+    accuracy and BLEU. A resumed run keeps competing with the best saved before."""
+
+    HIGHER = ("dev_accuracy", "dev_bleu")
+
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
+        self.metric = metric
+        self.mngr = manager(directory, keep=1, asynchronous=False) if metric else None
+        self.value = None
+        self.stale = 0  # dev evaluations since the last improvement (for early stopping)
+        if self.mngr is not None and self.mngr.latest_step() is not None:
+            step = self.mngr.latest_step()
+            meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            if step > resume_step or meta.get("metric") != metric:  # a future this run retraces, or another metric
+                self.mngr.delete(step)
+            else:
+                self.value = meta["value"]
+
+    def better(self, value: float) -> bool:
+        if self.value is None:
+            return True
+        return value > self.value if self.metric in self.HIGHER else value < self.value
+
+    def offer(self, step: int, metrics: dict, params, log=print) -> None:
+        """Keep `params` if `metrics[metric]` beats the best so far."""
+        if self.mngr is None or self.metric not in metrics:
+            return
+        if not self.better(metrics[self.metric]):
+            self.stale += 1
+            return
+        self.stale = 0
+        self.value = float(metrics[self.metric])
+        save_params(self.mngr, step, params, {"metric": self.metric, "value": self.value, "step": step})
+        log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.mngr.directory}")
+
+    def close(self) -> None:
+        if self.mngr is not None:
+            self.mngr.close()

@@ -1,0 +1,130 @@
+"""Config files and overrides: `path/to/config.py[:arg]` names a Python file whose
+`get_config(arg)` returns an `ml_collections.ConfigDict`; `--config.a.b=value` sets a field,
+parsed as the type of its current value. Imports no JAX (the launcher and sweeps use it).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from fxformer.errors import UserError
+from fxformer.resolve import resolve_derived
+
+
+def make_importable(file: Path) -> None:
+    """Let a config file in a package (configs/) import its siblings as `configs.base`, wherever
+    the command runs from: the package's parent goes on sys.path, once."""
+    package = Path(file).resolve().parent
+    if (package / "__init__.py").exists() and str(package.parent) not in sys.path:
+        sys.path.insert(0, str(package.parent))
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """`path/to/config.py[:arg]` -> the ConfigDict its `get_config(arg)` returns."""
+    path, _, arg = spec.partition(":")
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"Config file '{path}' does not exist.")
+    make_importable(file)
+    module_spec = importlib.util.spec_from_file_location(f"_fxformer_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - a config file that does not even import
+        raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
+    if not hasattr(module, "get_config"):
+        raise UserError(f"Config file '{path}' has no get_config() function.")
+    try:
+        config = module.get_config(arg) if arg else module.get_config()
+    except ValueError as e:  # config files raise ValueError for a bad argument
+        raise UserError(str(e)) from None
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug in the config file: name it, in one line
+        raise UserError(f"Config file '{path}' failed in get_config(): {type(e).__name__}: {e}.") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UserError(
+            f"Config file '{path}' must return an ml_collections.ConfigDict from get_config(), "
+            f"not a {type(config).__name__}."
+        )
+    return config
+
+
+def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    keys = []
+    for name, value in config.items():
+        keys.append(prefix + name)
+        if isinstance(value, ml_collections.ConfigDict):
+            keys += _all_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def _parse_value(key: str, raw: str, current: Any) -> Any:
+    """Parse `raw` as the type of the field's current value."""
+    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        type(current), f"a {type(current).__name__}"
+    )
+    try:
+        if isinstance(current, bool):
+            lowered = raw.lower()
+            if lowered not in ("true", "false", "1", "0"):
+                raise ValueError
+            return lowered in ("true", "1")
+        if isinstance(current, int):
+            return int(raw)
+        if isinstance(current, float):
+            return float(raw)
+        if isinstance(current, str):
+            return raw
+        value = ast.literal_eval(raw)
+        if current is not None and not isinstance(value, type(current)):
+            raise ValueError
+        return value
+    except (ValueError, SyntaxError):
+        raise UserError(f"Config key '{key}' takes {kind}, and '{raw}' is not.") from None
+
+
+def apply_override(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
+    """Set the dotted `key` of `config` from the command-line string `raw`, checking key and type."""
+    *parents, leaf = key.split(".")
+    node = config
+    for i, name in enumerate(parents + [leaf]):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            close = difflib.get_close_matches(key, _all_keys(config), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(f"Unknown config key '{key}'{hint}.")
+        if i < len(parents):
+            node = node[name]
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+        raise UserError(f"Config key '{key}' is a section; set one of its fields instead.")
+    with node.unlocked():
+        node[leaf] = _parse_value(key, raw, node[leaf])
+
+
+def overrides(flags: Iterable[str]) -> list[tuple[str, str]]:
+    """`--config.a.b=value` flags -> [(key, raw value)], in order; any other flag is refused."""
+    pairs = []
+    for item in flags:
+        if not item.startswith("--config."):
+            raise UserError(f"Unknown flag '{item}'; see --help.")
+        key, sep, raw = item[len("--config.") :].partition("=")
+        if not sep:
+            raise UserError(f"Override '{item}' needs a value: --config.{key}=<value>.")
+        pairs.append((key, raw))
+    return pairs
+
+
+def resolve(spec: str, pairs: Iterable[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+    """The config file `spec` with the overrides applied in order and the derived fields filled."""
+    config = load_config(spec)
+    for key, raw in pairs:
+        apply_override(config, key, raw)
+    return resolve_derived(config)

@@ -1,0 +1,113 @@
+"""One shared source-target sentencepiece BPE model, trained once per dataset and cached.
+
+pad, unk, bos and eos have the distinct ids of `fxformer.tokens` (pad never doubles as unk).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import sentencepiece as spm
+
+from fxformer import paths
+from fxformer.errors import UserError
+from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class Tokenizer:
+    """Text <-> ids with a sentencepiece model; `encode` appends EOS."""
+
+    def __init__(self, model_path: paths.PathLike):
+        self.path = paths.as_path(model_path)  # read through epath: a gs:// workdir's copy works too
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=self.path.read_bytes())
+        except (OSError, RuntimeError):
+            raise UserError(f"{self.path} is missing or not a sentencepiece model.") from None
+        if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise UserError(f"{self.path} was not trained with fxformer's special token ids.")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """Text -> int32 ids ending in EOS."""
+        return np.asarray(self.sp.encode(text) + [EOS_ID], np.int32)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text, stopping at the first EOS and skipping pad and bos."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                out.append(i)
+        return self.sp.decode(out)
+
+
+def train_tokenizer(
+    sentences: Iterable[str], vocab_size: int, model_path: paths.PathLike, max_sentences: int, log=print
+) -> Tokenizer:
+    """Train a BPE model on at most `max_sentences` sentences (source and target mixed).
+
+    The sample is taken as it comes (the caller interleaves languages); progress is shown.
+    `vocab_size` is a soft limit: a small corpus may yield fewer pieces.
+    """
+    model_path = paths.as_path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    sample, start = [], time.time()
+    last = start
+    for sentence in sentences:
+        if len(sample) >= max_sentences:
+            break
+        sample.append(sentence)
+        if time.time() - last > 5.0:
+            last = time.time()
+            log(f"tokenizer: sampled {len(sample):,}/{max_sentences:,} sentences")
+    log(f"tokenizer: training a {vocab_size:,}-piece BPE model on {len(sample):,} sentences")
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample),
+        model_writer=proto,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        num_threads=4,
+        minloglevel=2,
+    )
+    paths.write_atomic(model_path, proto.getvalue())  # an interrupted run never leaves half a model
+    tokenizer = Tokenizer(model_path)
+    log(f"tokenizer: {tokenizer.vocab_size:,} pieces in {time.time() - start:.1f}s -> {model_path}")
+    return tokenizer
+
+
+def cached_tokenizer(
+    cache_path: paths.PathLike,
+    sentences_fn,
+    vocab_size: int,
+    max_sentences: int,
+    workdir: paths.PathLike | None = None,
+    log=print,
+) -> Tokenizer:
+    """The tokenizer at `cache_path`, trained there first if absent, and copied into `workdir`."""
+    cache_path = paths.as_path(cache_path)
+    if not cache_path.exists():
+        train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
+    if workdir is None:
+        return Tokenizer(cache_path)
+    local = paths.Workdir(workdir).tokenizer
+    if not local.exists():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(local, cache_path.read_bytes())
+    return Tokenizer(local)

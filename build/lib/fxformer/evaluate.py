@@ -1,0 +1,171 @@
+"""Checkpoint(s) -> per-wordpiece perplexity and sacreBLEU, the way the paper measured them.
+
+    python -m fxformer.evaluate --workdir=runs/default
+    python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --config.decode.beam_size=4
+    python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
+
+Restores onto the devices at hand, whatever count trained the run. Writes
+`W/eval/<split>-<step>.json` (bleu, chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's
+signature, the decode settings, ...) and the detokenized translations beside it (`.hyp.txt`,
+with `.ref.txt`). `--config.decode.<field>=<value>` changes the search (strategy, beam_size,
+alpha, beam_variant, max_extra, ...); the model and data are the trained run's.
+`--hypotheses=FILE` scores an existing translation file (one line per sentence of the split)
+with the same sacreBLEU settings, without a model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import ml_collections
+import sacrebleu
+
+from fxformer import cli, configfile, inference, parallel, paths, trainstate
+from fxformer.data import corpora, pipeline
+from fxformer.errors import UserError
+
+
+def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log=print):
+    """(the split's records, how many are used, their reference translations)."""
+    data = config.data
+    source = corpora.data_source(corpora.prepare(data, log=log), split)
+    n = len(source) if limit <= 0 else min(limit, len(source))
+    return source, n, [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+
+
+def scores(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU's BLEU (with its signature) and chrF of a corpus."""
+    bleu, signature = inference.bleu(hypotheses, references)
+    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
+    return {"bleu": bleu.score, "chrf": chrf.score, "sacrebleu": str(bleu), "signature": signature}
+
+
+def evaluate(
+    workdir: paths.PathLike, split: str = "test", step: int | str = 0, average_last: int = 0, overrides=(),
+    limit: int = 0, log=print, report=None,
+) -> dict:  # fmt: skip
+    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the
+    results. `report(results)`, if given, is called before anything is written (so a disk that
+    fills at the end loses no score)."""
+    workdir = paths.Workdir(workdir)
+    paths.check_workdir(workdir)
+    if jax.process_index() == 0:  # before any work: the results are written at the end
+        paths.check_writable(workdir.eval, "evaluation writes its results")
+    run = inference.restore(workdir, step, average_last, overrides, log)
+    source, n, references = references_of(run.config, split, limit, log)
+    examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
+
+    loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
+    losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
+    section = run.config.decode.copy_and_resolve_references()
+    section.nbest = 1
+    length = inference.source_length(examples, run.model, section.max_extra, log)
+    translated = inference.translate_examples(
+        inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer,
+        run.config.data.eval_batch_size, length, run.mesh, f"{section.strategy} search ({split})", section.seed,
+    )  # fmt: skip
+    hypotheses = [nbest[0][0] for nbest in translated]
+
+    steps = run.steps
+    name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    name += "-best" if step == "best" else ""
+    if n < len(source):
+        name += f"-first{n}"  # a partial evaluation never overwrites the full one
+    results = {
+        **scores(hypotheses, references),
+        **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},
+        "num_sentences": n,
+        "split": split,
+        "checkpoint_steps": steps,
+        "beam_size": section.beam_size,
+        "alpha": section.alpha,
+        "decode": section.to_dict(),
+        "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
+        "devices": jax.device_count(),
+    }
+    if report is not None:
+        report(results)
+    if jax.process_index() == 0:
+        out = workdir.eval
+        out.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(out / f"{name}.hyp.txt", "".join(h + "\n" for h in hypotheses))
+        paths.write_atomic(out / f"{name}.ref.txt", "".join(r + "\n" for r in references))
+        paths.write_atomic(out / f"{name}.json", json.dumps(results, indent=2) + "\n")
+        results["path"] = str(out / f"{name}.json")
+    return results
+
+
+def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
+    """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
+    config = trainstate.load_workdir_config(workdir)
+    try:
+        data = paths.as_path(hypotheses_file).read_bytes()
+    except OSError as e:
+        raise UserError(f"Cannot read --hypotheses '{hypotheses_file}': {e.strerror or e}.") from None
+    hypotheses = paths.split_lines(data, hypotheses_file)
+    _, n, references = references_of(config, split, limit, log)
+    if len(hypotheses) != n:
+        raise UserError(
+            f"{hypotheses_file} has {len(hypotheses):,} lines but the {split} split has {n:,} sentences; "
+            "give one translation per line, in order (or --limit=N for the first N)."
+        )
+    return {**scores(hypotheses, references), "num_sentences": n, "split": split}
+
+
+def inference_parser(description: str, module: str):
+    """Flags shared by evaluate and translate: the workdir, which checkpoint(s), decode overrides."""
+    p = cli.parser(description, module, config=False)
+    p.epilog = (
+        "Change the search with --config.decode.<field>=<value>: strategy (beam, greedy, sample), beam_size, "
+        "alpha, beam_variant (live, t2t), max_extra, nbest, temperature, top_k, seed."
+    )
+    p.add_argument("--workdir", required=True, help="a training run directory")
+    p.add_argument("--step", default="0", help="use this checkpoint step, or 'best' (best dev metric in training)")
+    p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
+    parallel.add_cluster_flags(p)
+    return p
+
+
+def parse_inference_args(p, argv=None):
+    """The flags, with `args.overrides`: the (key, value) pairs of --config.decode.* flags."""
+    args, rest = p.parse_known_args(argv)
+    args.overrides = configfile.overrides(rest)
+    if args.step != "best":
+        if not args.step.lstrip("-").isdigit():
+            raise UserError(f"--step takes a step number or 'best', not '{args.step}'.")
+        args.step = int(args.step)
+    if args.step != "best" and args.step < 0 or args.average_last < 0:
+        raise UserError("--step and --average_last must be positive (or left out).")
+    if args.step and args.average_last:
+        raise UserError("Give --step or --average_last, not both.")
+    parallel.join_cluster(args)
+    return args
+
+
+def main() -> None:
+    p = inference_parser(__doc__, "fxformer.evaluate")
+    p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
+    p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
+    p.add_argument("--hypotheses", default="", help="score this translation file instead of translating")
+    args = parse_inference_args(p)
+    if args.hypotheses:
+        r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
+        print(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
+        print(r["sacrebleu"])
+        print(f"sacreBLEU signature: {r['signature']}")
+        print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}")
+        return
+
+    def report(r: dict) -> None:
+        print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+        print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
+        print(r["sacrebleu"])
+        print(f"sacreBLEU signature: {r['signature']}", flush=True)
+
+    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
+    print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,318 @@
+"""Inference with a trained run, in one place: restore a workdir onto the devices at hand (one
+checkpoint, the average of the last k, or the best by dev metric), the dev loss, the model's
+step function for the searches in `decode`, batched translation with n-best scores, sacreBLEU.
+Used by `evaluate`, `translate` and the training loop (dev loss, dev BLEU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import sacrebleu
+from jax.experimental import multihost_utils
+
+from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
+from fxformer.data import pipeline
+from fxformer.data.tokenizer import Tokenizer
+from fxformer.errors import UserError
+from fxformer.metrics import duration, per_token
+from fxformer.model import Transformer, TransformerConfig
+from fxformer.resolve import check_decode
+from fxformer.tokens import BOS_ID, PAD_ID
+
+Array = jax.Array
+
+# ---------------------------------------------------------------------------------------------
+# A workdir, restored
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A training workdir, ready for inference (read by attribute)."""
+
+    config: ml_collections.ConfigDict  # the run's config, with any decode overrides
+    model: Transformer
+    tokenizer: Tokenizer
+    params: Any
+    steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
+    mesh: jax.sharding.Mesh
+
+
+def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
+    """`--config.decode.x=v` overrides onto a run's config; any other key is fixed by the trained run."""
+    for key, raw in pairs:
+        if not key.startswith("decode."):
+            raise UserError(
+                f"--config.{key} cannot change at inference: it is fixed by the trained run ({workdir}/config.json); "
+                "only --config.decode.<field> overrides are taken here."
+            )
+        configfile.apply_override(config, key, raw)
+    check_decode(config.decode)
+    return config
+
+
+def restore(workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, overrides=(), log=print) -> Restored:
+    """A workdir's config, model, tokenizer and parameters, on the devices at hand.
+
+    `step` picks one checkpoint ("best": the best dev metric seen in training, `W/best`);
+    `average_last` > 1 averages the last k (saved once under `W/averaged/last<k>/<last step>`
+    and reused); neither: the config's `average_last`. `overrides`: (key, value) pairs of the
+    decode section.
+    """
+    workdir = paths.Workdir(workdir)
+    config = apply_decode_overrides(trainstate.load_workdir_config(workdir), overrides, workdir)
+    if not workdir.tokenizer.exists():
+        raise UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
+    tokenizer = Tokenizer(workdir.tokenizer)
+    mesh = parallel.data_mesh()
+    model, _, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
+    if step == "best":
+        params, steps = best_params(workdir, abstract_state, log)
+        return Restored(config, model, tokenizer, params, steps, mesh)
+    directory = workdir.checkpoints
+    if not directory.exists():
+        raise UserError(f"{directory} holds no checkpoint; train first.")
+    with checkpoint.manager(directory, asynchronous=False) as mngr:
+        steps = list(mngr.all_steps())
+        if not steps:
+            raise UserError(f"{directory} holds no checkpoint; train first.")
+        if step:
+            if step not in steps:
+                raise UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
+            chosen = [step]
+        else:
+            k = average_last or config.average_last
+            chosen = steps[-k:]
+            if len(chosen) < k:
+                log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
+        if len(chosen) == 1:
+            params = checkpoint.restore(mngr, chosen[0], abstract_state).params
+        else:
+            params = averaged(workdir, mngr, chosen, abstract_state, log)
+    return Restored(config, model, tokenizer, params, chosen, mesh)
+
+
+def best_params(workdir: paths.Workdir, abstract_state, log=print) -> tuple[dict, list[int]]:
+    """The parameters kept in `W/best` (best dev metric during training) and their step."""
+    if not workdir.best.exists():
+        raise UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
+    with checkpoint.manager(workdir.best, asynchronous=False) as mngr:
+        step = mngr.latest_step()
+        if step is None:
+            raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
+        params, meta = checkpoint.restore_params(mngr, step, abstract_state.params)
+    log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
+    return params, [step]
+
+
+def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log=print):
+    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if written before, else computed there."""
+    directory = workdir.averaged(len(steps))
+    with checkpoint.manager(directory, asynchronous=False) as avg:
+        if steps[-1] in avg.all_steps():
+            params, meta = checkpoint.restore_params(avg, steps[-1], abstract_state.params)
+            if meta["checkpoint_steps"] == steps:
+                return params
+            avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed): redo
+        log(f"averaging the parameters of steps {steps}")
+        params = checkpoint.average_params(mngr, steps, abstract_state)
+        checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
+    return params
+
+
+# ---------------------------------------------------------------------------------------------
+# The dev loss
+
+
+def loss_step(model: Transformer, label_smoothing: float, mesh):
+    """A jitted (params, padded batch) -> summed loss / NLL / accuracy / tokens, rows split over devices."""
+    return jax.jit(
+        functools.partial(optim.loss_sums, model=model, label_smoothing=label_smoothing),
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
+        out_shardings=parallel.replicated(mesh),
+    )
+
+
+def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int) -> dict[str, float]:
+    """Per-token loss, NLL, perplexity and accuracy over `examples`, each counted once (`step`: `loss_step`)."""
+    length = pipeline.eval_length(examples, max_len)
+    totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
+    batch_size = parallel.round_to_devices(config.data.eval_batch_size)
+    for batch in pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()):
+        batch.pop("index")
+        sums = jax.device_get(step(params, parallel.global_batch(mesh, batch)))
+        for key in totals:
+            totals[key] += float(sums[key])
+    return per_token(totals)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's step function, and the searches over it
+
+
+def decoding_model(config: TransformerConfig) -> Transformer:
+    """The same model, in decode mode (one position per call, key/value cache)."""
+    return Transformer(dataclasses.replace(config, decode=True, dropout_rate=0.0))
+
+
+class Decoding(NamedTuple):
+    """What a search needs: the step function, its initial cache, each example's length limit."""
+
+    step: decode.StepFn  # (previous tokens [rows], cache) -> (next-token log-probs [rows, vocab], cache)
+    cache: Any  # per-row self-attention keys and values of every decoder layer (+ shared counters)
+    limit: Array  # [batch] maximum output length: input length + max_extra
+    max_len: int  # output positions: padded input length + max_extra
+
+
+def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
+    """Encode `inputs` [batch, l] once and project every decoder layer's encoder-side keys and
+    values once (the `memory` collection, held by the step function, never reordered); rows are
+    each example repeated `copies` times (beams, samples)."""
+    model = decoding_model(config)
+    segmentation = (inputs != PAD_ID).astype(jnp.int32)
+    encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
+    max_len = inputs.shape[1] + max_extra
+    sizing = jnp.full((inputs.shape[0], max_len), BOS_ID, jnp.int32)  # sizes the cache; projects the memory
+    _, variables = model.apply(
+        {"params": params}, encoded, segmentation, sizing, method=Transformer.decode, mutable=["cache", "memory"]
+    )
+    repeat = lambda x: x if x.ndim == 0 else jnp.repeat(x, copies, axis=0)  # noqa: E731
+    memory = jax.tree.map(repeat, variables["memory"])
+    encoded_rows, segmentation_rows = repeat(encoded), repeat(segmentation)
+
+    def step(tokens: Array, cache) -> tuple[Array, Any]:
+        logits, updated = model.apply(
+            {"params": params, "memory": memory, "cache": cache},
+            encoded_rows,
+            segmentation_rows,
+            tokens[:, None],
+            method=Transformer.decode,
+            mutable=["cache"],
+        )
+        log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1)
+        return log_probs.at[:, jnp.array([PAD_ID, BOS_ID])].set(-jnp.inf), updated["cache"]
+
+    cache = jax.tree.map(repeat, variables["cache"])
+    return Decoding(step, cache, segmentation.sum(-1) + max_extra, max_len)
+
+
+def search(config: TransformerConfig, params, inputs: Array, options: dict, rng: Array | None = None):
+    """The decode section's search on `inputs` [batch, l]: (outputs [batch, n, max_len], scores
+    [batch, n]), best first, n = `nbest`. Scores: beam, log p / lp(|Y|); greedy and sample, log p."""
+    o = options
+    if o["strategy"] == "beam":
+        d = start_decoding(config, params, inputs, o["beam_size"], o["max_extra"])
+        outputs, scores = decode.beam_search(
+            d.step, d.cache, d.limit, d.max_len, o["beam_size"], o["alpha"], o["beam_variant"]
+        )
+        return outputs[:, : o["nbest"]], scores[:, : o["nbest"]]
+    n = o["nbest"] if o["strategy"] == "sample" else 1
+    d = start_decoding(config, params, inputs, n, o["max_extra"])
+    limit = jnp.repeat(d.limit, n)
+    if o["strategy"] == "greedy":
+        outputs, logp = decode.greedy_search(d.step, d.cache, limit, d.max_len)
+    else:
+        outputs, logp = decode.sample_search(d.step, d.cache, limit, d.max_len, rng, o["temperature"], o["top_k"])
+    outputs, logp = outputs.reshape(inputs.shape[0], n, -1), logp.reshape(inputs.shape[0], n)
+    order = jnp.argsort(-logp, axis=1)
+    return jnp.take_along_axis(outputs, order[:, :, None], axis=1), jnp.take_along_axis(logp, order, axis=1)
+
+
+def options_of(section: ml_collections.ConfigDict) -> dict:
+    """The decode section as plain Python values (static for jit)."""
+    return {k: section[k] for k in ("strategy", "beam_size", "alpha", "beam_variant", "max_extra", "nbest",
+                                    "temperature", "top_k")}  # fmt: skip
+
+
+def translator(model: Transformer, mesh, section: ml_collections.ConfigDict):
+    """A jitted (params, inputs [b, l], rng) -> (outputs [b, n, l + max_extra], scores [b, n]),
+    rows split over devices, searching as the decode `section` says."""
+    run = functools.partial(search, model.config, options=options_of(section))
+    return jax.jit(
+        lambda params, inputs, rng: run(params, inputs, rng=rng),
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh), parallel.replicated(mesh)),
+        out_shardings=(parallel.sharded_rows(mesh), parallel.sharded_rows(mesh)),
+    )
+
+
+def progress(done: int, total: int, start: float, what: str) -> None:
+    """`what: done/total, ETA` on stderr: one line rewritten in place on a terminal; in a log
+    file, a line at every tenth of the work (no carriage returns)."""
+    elapsed = time.time() - start
+    eta = duration(elapsed / done * (total - done)) if done else "?"
+    if sys.stderr.isatty():
+        end = "\n" if done == total else ""
+        print(f"\r{what}: {done}/{total} ETA {eta}   ", end=end, file=sys.stderr, flush=True)
+    elif done == total or done * 10 // total != (done - 1) * 10 // total:
+        print(f"{what}: {done}/{total} ETA {eta}", file=sys.stderr, flush=True)
+
+
+def translate_examples(
+    translate, params, examples: list[dict], tokenizer: Tokenizer, batch_size: int, length: int, mesh,
+    what: str | None, seed: int = 0,
+) -> list[list[tuple[str, float]]]:  # fmt: skip
+    """Every example's detokenized translations with their scores, best first, in order
+    (`translate`: a `translator`); progress on stderr as `what` (None: quiet). Sampling uses
+    a key folded from `seed` and the batch's number, so a run repeats exactly."""
+    out: list[list[tuple[str, float]]] = [[] for _ in examples]
+    batch_size = parallel.round_to_devices(batch_size)
+    batches = list(pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()))
+    start = time.time()
+    for i, batch in enumerate(batches):
+        inputs = parallel.global_batch(mesh, {"inputs": batch["inputs"]})["inputs"]
+        outputs, scores = translate(params, inputs, jax.random.fold_in(jax.random.key(seed), i))
+        outputs = multihost_utils.process_allgather(outputs, tiled=True)
+        scores = multihost_utils.process_allgather(scores, tiled=True)
+        index = multihost_utils.process_allgather(batch["index"], tiled=False).reshape(-1)
+        for rows, row_scores, j in zip(np.asarray(outputs), np.asarray(scores), index):
+            if j >= 0:
+                out[j] = [(tokenizer.decode(row), float(s)) for row, s in zip(rows, row_scores)]
+        if what:
+            progress(i + 1, len(batches), start, what)
+    return out
+
+
+def source_length(examples: list[dict], model, max_extra: int, log=print) -> int:
+    """Padded source length for the search, leaving room for input + max_extra output positions."""
+    limit = model.config.max_len - max_extra
+    longer = sum(len(e["inputs"]) > limit for e in examples)
+    if longer:
+        log(f"warning: {longer} of {len(examples)} sources are cut to {limit} tokens (model.max_len - max_extra)")
+    return pipeline.eval_length(examples, limit)
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> tuple[sacrebleu.metrics.bleu.BLEUScore, str]:
+    """Corpus sacreBLEU with its default settings (13a tokenization, exact match), and its signature."""
+    metric = sacrebleu.metrics.BLEU()
+    return metric.corpus_score(hypotheses, [references]), str(metric.get_signature())
+
+
+class DevBleu:
+    """BLEU on the first `dev_bleu_sentences` of the dev split during training, searching as the
+    config's decode section says (best translation only), compiled once."""
+
+    def __init__(self, model, mesh, config, source, tokenizer: Tokenizer, log=print):
+        data = config.data
+        n = min(config.get("dev_bleu_sentences", 0) or len(source), len(source))
+        self.examples = pipeline.tokenize_split(source, tokenizer, data, n)
+        self.references = [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+        section = config.decode.copy_and_resolve_references()
+        section.nbest = 1
+        self.length = source_length(self.examples, model, section.max_extra, log)
+        self.translate = translator(model, mesh, section)
+        self.tokenizer, self.batch_size, self.mesh, self.seed = tokenizer, data.eval_batch_size, mesh, section.seed
+
+    def __call__(self, params) -> float:
+        translated = translate_examples(
+            self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, None,
+            self.seed,
+        )  # fmt: skip
+        return bleu([nbest[0][0] for nbest in translated], self.references)[0].score

@@ -1,0 +1,184 @@
+"""Where a run's numbers go: `W/metrics.jsonl`, TensorBoard event files (no TensorFlow), the console.
+
+Both are written through `etils.epath`, so a `gs://` workdir works: object stores cannot
+append, so each write replaces the whole (small) file, atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+
+from tensorboardX import SummaryWriter, record_writer
+
+from fxformer import paths
+
+
+class MetricWriter:
+    """One JSON object per logged step in `metrics.jsonl`, and the same scalars for TensorBoard."""
+
+    def __init__(self, workdir: paths.PathLike, resume_step: int = 0, enabled: bool = True):
+        self.enabled = enabled
+        run = paths.Workdir(workdir)
+        self.path = run.metrics
+        self.lines: list[str] = []
+        if not enabled:
+            return
+        if self.path.exists():  # a resumed run rewrites what came after its checkpoint
+            self.lines = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
+            paths.write_atomic(self.path, self._text())
+        self.tensorboard = SummaryWriter(logdir=str(run.tensorboard), purge_step=resume_step + 1)
+
+    def _text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
+
+    def last(self) -> dict:
+        """The last line kept from before this attempt ({} for a new run, or on other processes)."""
+        return json.loads(self.lines[-1]) if self.lines else {}
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self.lines.append(json.dumps({"step": step, **scalars}))
+        paths.write_atomic(self.path, self._text())
+        for name, value in scalars.items():
+            self.tensorboard.add_scalar(name, value, step)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.tensorboard.close()
+
+
+class _EpathEventFile:
+    """A TensorBoard event file in an object store: kept in memory, uploaded whole at each flush."""
+
+    def __init__(self, path: str):
+        self.path, self.buffer = paths.as_path(path), io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        self.buffer.write(data)
+
+    def flush(self) -> None:
+        paths.write_atomic(self.path, self.buffer.getvalue())
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _EpathEventFiles:
+    """tensorboardX's writer factory for URL schemes, routed through etils.epath (gcsfs, s3fs, ...)."""
+
+    def open(self, path: str) -> _EpathEventFile:
+        return _EpathEventFile(path)
+
+    def directory_check(self, path: str) -> None:
+        paths.as_path(path).mkdir(parents=True, exist_ok=True)
+
+
+for _scheme in ("gs", "s3"):  # instead of tensorboardX's own clients, so every URL goes through one library
+    record_writer.register_writer_factory(_scheme, _EpathEventFiles())
+
+
+def _step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line cut short by a kill counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
+
+
+def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """Sums of loss / nll / correct over tokens -> per-token loss, nll, perplexity, accuracy."""
+    tokens = max(sums["tokens"], 1.0)
+    nll = sums["nll"] / tokens
+    return {
+        f"{prefix}loss": sums["loss"] / tokens,
+        f"{prefix}nll": nll,
+        f"{prefix}ppl": math.exp(min(nll, 50.0)),
+        f"{prefix}accuracy": sums["correct"] / tokens,
+    }
+
+
+def duration(seconds: float) -> str:
+    """12345 -> '3h25m45s'."""
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """What training has done, counted on across resumes from `earlier` (the last metrics line
+    kept from before this attempt): target tokens, passes over the training pairs, wall time;
+    and the recent speed for the console (since its previous line, not the run's average)."""
+
+    def __init__(self, earlier: dict, total: int, budget_s: float = 0.0):
+        self.tokens_before = earlier.get("tokens_seen", 0.0)
+        self.wall_before = earlier.get("wall_s", 0.0)
+        self.epochs_before = earlier.get("epochs", 0.0)
+        self.total, self.budget_s = total, budget_s
+        self.tokens = 0.0  # target tokens over the logged steps of this attempt
+        self.logged_steps = 0
+        self.pairs = 0  # training pairs read by this attempt
+        self.started = self.last_console = time.time()
+        self.window: tuple[float, int] | None = None  # (time, step) of the previous console line
+
+    def out_of_time(self) -> bool:
+        return 0 < self.budget_s <= time.time() - self.started
+
+    def first_step(self, step: int) -> None:
+        """Speed is measured from the end of the first step (which compiles) on."""
+        if self.window is None:
+            self.window = (time.time(), step)
+
+    def record(self, logged: dict, steps: int, epoch_size: float) -> dict:
+        """The metrics of a log step (`logged` with its summed `tokens`, over `steps` steps) with
+        tokens_seen, wall_s and epochs added, for metrics.jsonl."""
+        self.logged_steps += steps
+        self.tokens += logged["tokens"]
+        return {
+            **{k: v for k, v in logged.items() if k != "tokens"},
+            "tokens_seen": self.tokens_before + self.tokens,
+            "wall_s": round(self.wall_before + time.time() - self.started, 1),
+            "epochs": round(self.epochs_before + self.pairs / epoch_size, 4),
+        }
+
+    def console_due(self, logged: bool) -> bool:
+        """A console line at every log step, and every few seconds between them."""
+        return logged or time.time() - self.last_console >= 5.0
+
+    def line(self, step: int, total: int, shown: dict) -> str:
+        now = self.last_console = time.time()
+        budget_left = self.budget_s - (now - self.started) if self.budget_s else None
+        text = console_line(step, total, shown, self.window, self.tokens / max(self.logged_steps, 1), now, budget_left)
+        if self.window and step > self.window[1]:
+            self.window = (now, step)
+        return text
+
+
+def console_line(step, total, m, window, tokens_per_step, now, budget_left=None) -> str:
+    """step, loss, perplexity, learning rate, tokens/s, steps/s and ETA (to the last step, or to the
+    end of the time budget if that comes first) on one line."""
+    parts = [f"step {step}/{total}"]
+    if "loss" in m:
+        parts += [f"loss {m['loss']:.3f}", f"ppl {m['ppl']:.2f}", f"lr {m['learning_rate']:.2e}"]
+    if "dev_ppl" in m:
+        parts += [f"dev loss {m['dev_loss']:.3f}", f"dev ppl {m['dev_ppl']:.3f}"]
+    if "dev_bleu" in m:
+        parts.append(f"dev BLEU {m['dev_bleu']:.2f}")
+    since, since_step = window or (now, step)  # speed since the previous console line
+    elapsed = now - since
+    if elapsed > 0 and step > since_step:
+        steps_per_s = (step - since_step) / elapsed
+        if tokens_per_step:
+            parts.append(f"{tokens_per_step * steps_per_s:,.0f} tgt tok/s")
+        parts.append(f"{steps_per_s:.2f} steps/s")
+        eta = (total - step) / steps_per_s
+        if budget_left is not None and budget_left < eta:
+            parts.append(f"time budget ends in {duration(max(budget_left, 0))} (ETA {duration(eta)})")
+        else:
+            parts.append(f"ETA {duration(eta)}")
+    return " | ".join(parts)

@@ -1,0 +1,78 @@
+"""Section 5.3 and 5.4: Adam with the warm-up schedule, and label-smoothed cross-entropy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from fxformer.tokens import PAD_ID
+
+Array = jax.Array
+
+
+def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), for step = 1, 2, ...
+
+    optax counts updates from 0, so update number `count` is the paper's step `count + 1`.
+    """
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+    return schedule
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+    """The paper's schedule for an experiment config."""
+    return paper_schedule(config.model.d_model, config.warmup_steps, config.learning_rate_scale)
+
+
+def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Adam(beta1, beta2, epsilon) = (0.9, 0.98, 1e-9) with the paper's schedule."""
+    return optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+
+
+def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float) -> dict[str, Array]:
+    """Sums over weighted target tokens of the label-smoothed loss, the plain NLL, and correct guesses.
+
+    The smoothed target puts 1 - eps_ls on the reference token and eps_ls / (vocab - 1) on every
+    other token; the loss is the cross-entropy against it. logits [b, l, vocab], targets and
+    weights [b, l] (weight 0 for padding). Sums, not means, so that micro-batches and devices
+    add up exactly; divide by `tokens` for per-token values.
+    """
+    vocab = logits.shape[-1]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, l]
+    confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)  # -sum_v q(v) log p(v)
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return {
+        "loss": (smoothed * weights).sum(),
+        "nll": (nll * weights).sum(),
+        "correct": (correct * weights).sum(),
+        "tokens": weights.sum(),
+    }
+
+
+def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None) -> dict[str, Array]:
+    """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
+    dropout on when `rng` is given."""
+    packed = "inputs_segment_ids" in batch
+    logits = model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        inputs_segmentation=batch["inputs_segment_ids"] if packed else None,
+        targets_segmentation=batch["targets_segment_ids"] if packed else None,
+        inputs_positions=batch["inputs_positions"] if packed else None,
+        targets_positions=batch["targets_positions"] if packed else None,
+        deterministic=rng is None,
+        rngs={"dropout": rng} if rng is not None else None,
+    )
+    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    if "example_mask" in batch:
+        weights = weights * batch["example_mask"][:, None]
+    return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)

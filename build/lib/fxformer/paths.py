@@ -1,0 +1,196 @@
+"""Paths that stay URLs, and the one place that knows a workdir's layout.
+
+Every path that comes from a flag or a config goes through `as_path`, an `etils.epath.Path`:
+a local path works as with `pathlib`, and `gs://bucket/runs/base` stays a URL all the way to
+orbax, TFDS, TensorBoard and fxformer's own writers (a `pathlib.Path` would turn it into a
+local folder named `gs:` on every host). This module imports no JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import socket
+
+from etils import epath
+
+from fxformer.errors import UserError
+
+PathLike = str | os.PathLike
+
+
+def is_url(path: PathLike) -> bool:
+    """True for `gs://...`, `s3://...` and other object-store URLs."""
+    return "://" in os.fspath(path)
+
+
+def as_path(path: PathLike) -> epath.Path:
+    """A path from a flag or a config: `~` expanded for local paths, URLs kept as they are."""
+    text = os.fspath(path)
+    return epath.Path(text if is_url(text) else os.path.expanduser(text))
+
+
+def absolute(path: PathLike) -> epath.Path:
+    """`path` made absolute if local (orbax wants absolute directories); a URL unchanged."""
+    path = as_path(path)
+    return path if is_url(path) else epath.Path(os.path.abspath(path))
+
+
+def write_atomic(path: PathLike, data: str | bytes) -> None:
+    """Replace a file's content in one piece, so that a reader or a kill never sees half of it.
+
+    A local file is written beside it and renamed over it; an object in a store (which
+    cannot append or rename cheaply) is replaced whole by a single upload.
+    """
+    path = as_path(path)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    if is_url(path):
+        with path.open(mode) as f:
+            f.write(data)
+        return
+    tmp = path.parent / f".{path.name}.tmp"
+    try:
+        with tmp.open(mode) as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+
+
+# Why a write failed, for the errors a user fixes outside fxformer (errno -> words).
+UNWRITABLE = {
+    errno.ENOSPC: "no space left on the disk",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file size limit is reached",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def unwritable(error: BaseException) -> str | None:
+    """Words for an OSError a user fixes by freeing space or changing permissions (else None)."""
+    return UNWRITABLE.get(error.errno) if isinstance(error, OSError) else None
+
+
+def check_writable(directory: PathLike, why: str) -> None:
+    """Refuse, in one sentence and before any work, a local directory this process cannot write
+    (read-only, full, not permitted): a probe file is created, flushed to the disk and removed,
+    and so are the directories made for it. `why` says what would be written there."""
+    if is_url(directory):
+        return  # an object store answers on the first real write
+    path = as_path(directory)
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    probe = path / f".fxformer-probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 65536)  # a few blocks: a disk with a few bytes left is full for a checkpoint
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        reason = unwritable(e) or e.strerror or type(e).__name__
+        raise UserError(
+            f"Cannot write to {directory} ({reason}), where {why}; free space there, "
+            "make it writable, or choose another directory."
+        ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+            for created in made:
+                created.rmdir()
+
+
+def split_lines(data: bytes, where: str) -> list[str]:
+    """UTF-8 text -> its lines, split on newlines only (CRLF too; a form feed or a Unicode line
+    separator stays inside its line), without a final empty line; `where` names it in errors."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{where} is not UTF-8 text (line {line}); convert it, e.g. with iconv -t UTF-8.") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def check_workdir(workdir: PathLike) -> None:
+    """Refuse, in one sentence, a workdir that is a file or lies under one."""
+    path = as_path(workdir)
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                what = "is a file" if candidate == path else f"lies under the file {candidate}"
+                raise UserError(f"The workdir {workdir} {what}; give a directory as --workdir.")
+            return
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
+    `W/averaged/last<k>/<step>`, `W/eval/`, `W/metrics.jsonl`, `W/tensorboard/`, and
+    `W/sweep.json` when a sweep runs it (experiments/rowstate.py)."""
+
+    root: epath.Path
+
+    def __init__(self, root: PathLike):
+        object.__setattr__(self, "root", as_path(root))
+
+    def __str__(self) -> str:
+        return os.fspath(self.root)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.root)
+
+    @property
+    def config(self) -> epath.Path:
+        """The resolved config the run was started with (JSON)."""
+        return self.root / "config.json"
+
+    @property
+    def tokenizer(self) -> epath.Path:
+        """The run's copy of the sentencepiece model."""
+        return self.root / "tokenizer.model"
+
+    @property
+    def checkpoints(self) -> epath.Path:
+        """Training checkpoints, one orbax step directory each."""
+        return self.root / "checkpoints"
+
+    def averaged(self, k: int) -> epath.Path:
+        """Parameters averaged over the last `k` checkpoints, one step directory per last step."""
+        return self.root / "averaged" / f"last{k}"
+
+    @property
+    def best(self) -> epath.Path:
+        """The parameters with the best dev metric so far (one step directory), apart from the last K."""
+        return self.root / "best"
+
+    @property
+    def eval(self) -> epath.Path:
+        """Evaluation results (JSON) and translations."""
+        return self.root / "eval"
+
+    @property
+    def metrics(self) -> epath.Path:
+        """One JSON object per logged step."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> epath.Path:
+        """TensorBoard event files."""
+        return self.root / "tensorboard"
+
+    @property
+    def run_info(self) -> epath.Path:
+        """Where and how the last training attempt ran: devices, processes, parameters, batch."""
+        return self.root / "run.json"
+
+    @property
+    def sweep_status(self) -> epath.Path:
+        """A sweep's record of this run: attempts, its config, who runs it now (a lease)."""
+        return self.root / "sweep.json"

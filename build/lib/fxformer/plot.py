@@ -1,0 +1,75 @@
+"""Learning curves of a run as PNG files: train loss, dev perplexity, dev BLEU (when training
+measured it, `dev_bleu_every_steps`), learning rate.
+
+    python -m fxformer.plot --workdir=runs/default            # writes runs/default/curves.png
+    python -m fxformer.plot --workdir=runs/a --workdir=runs/b --out=compare.png --x=tokens_seen
+
+Reads `W/metrics.jsonl` only (no JAX, no checkpoints), so it works during training too. Each
+panel is plotted against steps (or `--x` tokens_seen, epochs, wall_s); several workdirs are
+overlaid, labelled by their names.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fxformer import cli, paths
+from fxformer.errors import UserError
+
+PANELS = (
+    ("loss", "train loss (label-smoothed)", False),
+    ("dev_ppl", "dev perplexity (per wordpiece)", True),
+    ("dev_bleu", "dev BLEU (beam search, dev subset)", False),
+    ("learning_rate", "learning rate", False),
+)
+X_AXES = {"step": "step", "tokens_seen": "target tokens seen", "epochs": "epochs", "wall_s": "seconds of training"}
+
+
+def read_metrics(workdir: paths.PathLike) -> list[dict]:
+    path = paths.Workdir(workdir).metrics
+    if not path.exists():
+        raise UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    runs = {str(w).rstrip("/").rsplit("/", 1)[-1] or str(w): read_metrics(w) for w in workdirs}
+    panels = [p for p in PANELS if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (key, title, log_scale) in zip(axes[0], panels):
+        for name, lines in runs.items():
+            points = [(m[x], m[key]) for m in lines if key in m and x in m]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
+                        label=name)  # fmt: skip
+        if log_scale:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel(X_AXES[x])
+        if len(runs) > 1:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = paths.as_path(out)
+    with out.open("wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = cli.parser(__doc__, "fxformer.plot", config=False)
+    p.add_argument("--workdir", action="append", required=True, help="a run directory (repeat to overlay runs)")
+    p.add_argument("--out", default="", help="the PNG file (default: W/curves.png of the first workdir)")
+    p.add_argument("--x", default="step", choices=sorted(X_AXES), help="the horizontal axis (default: step)")
+    args, _ = cli.parse(p)
+    out = args.out or str(paths.as_path(args.workdir[0]) / "curves.png")
+    plot(args.workdir, out, args.x)
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,79 @@
+"""Config fields derived from others, after the command line's overrides: `model.d_k` and
+`model.d_v` of 0 mean d_model / h. Imports no JAX (the launcher and the sweeps use it).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from fxformer.errors import UserError
+
+
+def head_width(d_model: int, num_heads: int, key: str) -> int:
+    """What `model.d_k` / `model.d_v` of 0 mean: d_model / h, the paper's choice (refused when h
+    does not divide d_model)."""
+    if d_model % num_heads:
+        raise UserError(
+            f"model.d_model ({d_model}) is not divisible by model.num_heads ({num_heads}); set model.{key} explicitly."
+        )
+    return d_model // num_heads
+
+
+def resolve_derived(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Fill fields derived from others, after the overrides: `model.d_k` / `model.d_v` of 0 become
+    d_model / h, so changing d_model or h changes the heads' width unless d_k / d_v are set."""
+    model = config.get("model")
+    if model is not None and all(k in model for k in ("d_k", "d_v", "d_model", "num_heads")):
+        for key in ("d_k", "d_v"):
+            if model[key] == 0 and model.num_heads > 0:
+                model[key] = head_width(model.d_model, model.num_heads, key)
+    return config
+
+
+STRATEGIES = ("beam", "greedy", "sample")
+
+
+def decode_defaults() -> ml_collections.ConfigDict:
+    """The `decode` section: how evaluate and translate (and dev BLEU in training) search."""
+    return ml_collections.ConfigDict({
+        "strategy": "beam",  # beam, greedy or sample
+        "beam_size": 4,
+        "alpha": 0.6,  # GNMT length penalty ((5 + |Y|) / 6)^alpha
+        "beam_variant": "live",  # live (fxformer's, the paper's) or t2t (2k candidates, k kept live)
+        "max_extra": 50,  # maximum output length = input length + 50
+        "nbest": 1,  # translations per input (beam: at most beam_size; sample: samples per input)
+        "temperature": 1.0,  # sampling: softmax(log p / temperature)
+        "top_k": 0,  # sampling: only the k most probable tokens (0 = all)
+        "seed": 0,  # sampling: the same seed gives the same samples
+    })  # fmt: skip
+
+
+def decode_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Give a config written before the `decode` section existed (top-level beam_size, alpha,
+    max_decode_extra) its section, with those values; a config that has one is left as it is."""
+    if "decode" in config:
+        return config
+    section = decode_defaults()
+    for old, new in (("beam_size", "beam_size"), ("alpha", "alpha"), ("max_decode_extra", "max_extra")):
+        if old in config:
+            section[new] = config[old]
+    with config.unlocked():
+        config.decode = section
+    return config
+
+
+def check_decode(decode: ml_collections.ConfigDict) -> None:
+    """Refuse, in one sentence, a decode section the searches cannot run."""
+    if decode.strategy not in STRATEGIES:
+        raise UserError(f"decode.strategy must be one of {', '.join(STRATEGIES)}, not {decode.strategy!r}.")
+    if decode.beam_variant not in ("live", "t2t"):
+        raise UserError(f"decode.beam_variant must be live or t2t, not {decode.beam_variant!r}.")
+    for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0)):
+        if decode[key] < low:
+            raise UserError(f"decode.{key} must be at least {low}, not {decode[key]}.")
+    if not decode.temperature >= 0:
+        raise UserError(f"decode.temperature must be 0 or more, not {decode.temperature}.")
+    if decode.strategy == "beam" and decode.nbest > decode.beam_size:
+        raise UserError(f"decode.nbest ({decode.nbest}) cannot exceed decode.beam_size ({decode.beam_size}).")
+    if decode.strategy == "greedy" and decode.nbest > 1:
+        raise UserError("decode.nbest > 1 needs decode.strategy=beam or sample; greedy search finds one.")

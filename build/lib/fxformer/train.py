@@ -1,0 +1,460 @@
+"""Training: the pure `train_step`, and the loop that runs it on every device.
+
+    python -m fxformer.train --config=configs/default.py --workdir=runs/default
+
+The same command runs on a laptop, a GPU host or a TPU pod (add --distributed, or the
+explicit --coordinator_address/--num_processes/--process_id). A workdir with checkpoints is
+resumed, with the same data order. SIGTERM (a pre-emption notice) or Ctrl-C saves and exits
+with status 75 (`fxformer.exitcodes.STOPPED`); a run that reached its last step exits 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import signal
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from fxformer import checkpoint, cli, exitcodes, inference, optim, parallel, paths, trainstate
+from fxformer.data import corpora, pipeline, tokenizer_for
+from fxformer.errors import UserError
+from fxformer.metrics import MetricWriter, Progress, per_token
+from fxformer.model import TransformerConfig
+from fxformer.resolve import check_decode
+from fxformer.trainstate import TrainState
+
+# ---------------------------------------------------------------------------------------------
+# State and pure steps
+
+
+def train_step(
+    state: TrainState, batch: dict, *, model, tx, schedule, label_smoothing: float, accum: int
+) -> tuple[TrainState, dict]:
+    """One optimizer step on a global batch, in `accum` micro-batches: (state, batch) -> (state, metrics).
+
+    Gradients of the summed loss are added over micro-batches (and, by XLA, over devices),
+    then divided by the number of target tokens: the mean over the whole global batch. The
+    dropout key is the run's key folded with the step (and the micro-batch), so a resumed run
+    draws the same masks.
+    """
+    rng = jax.random.fold_in(state.rng, state.step)
+
+    def micro(x):  # [rows, ...] -> [accum, rows / accum, ...], keeping each device's rows local
+        return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+
+    def accumulate(carry, inputs):
+        grads_sum, sums = carry
+        micro_batch, index = inputs
+
+        def loss_fn(params):
+            out = optim.loss_sums(params, micro_batch, model, label_smoothing, jax.random.fold_in(rng, index))
+            return out["loss"], out
+
+        grads, out = jax.grad(loss_fn, has_aux=True)(state.params)
+        return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, sums, out)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+    micro_batches = (jax.tree.map(micro, batch), jnp.arange(accum))
+    (grads, sums), _ = jax.lax.scan(accumulate, (zeros, sums), micro_batches)
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(
+        step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
+    )
+    return new_state, {**sums, "learning_rate": schedule(state.step)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup shared with evaluation
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Refuse, in one sentence, values the loop or the pipeline cannot run with."""
+    at_least = {
+        "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
+        "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0,
+        "average_last": 1, "checkpoint_every_minutes": 0,
+        "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
+        "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
+        "data.vocab_size": 8, "data.tokenizer_sentences": 1,
+    }  # fmt: skip
+    for key, low in at_least.items():
+        section, _, leaf = key.rpartition(".")
+        node = config[section] if section else config
+        if leaf not in node:  # a field added since an older workdir's config.json was written
+            continue
+        value = node[leaf]
+        if value < low:
+            raise UserError(f"{key} must be at least {low}, not {value}.")
+    if not 0 <= config.label_smoothing < 1:
+        raise UserError(f"label_smoothing must be in [0, 1), not {config.label_smoothing}.")
+    if config.data.overlong not in ("drop", "truncate"):
+        raise UserError(f"data.overlong must be 'drop' or 'truncate', not {config.data.overlong!r}.")
+    if config.model.max_len < config.data.max_length:
+        raise UserError(
+            f"model.max_len ({config.model.max_len}) must cover data.max_length ({config.data.max_length})."
+        )
+    if config.data.source_lang == config.data.target_lang:
+        raise UserError(
+            f"data.source_lang and data.target_lang are both {config.data.source_lang!r}; "
+            "a translation needs two different languages."
+        )
+    if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):
+        raise UserError(f"learning_rate_scale must be a positive number, not {config.learning_rate_scale}.")
+    for key in ("adam_b1", "adam_b2"):
+        if not 0 <= config[key] < 1:
+            raise UserError(f"{key} must be in [0, 1), not {config[key]}.")
+    if not config.adam_eps > 0:
+        raise UserError(f"adam_eps must be positive, not {config.adam_eps}.")
+    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")
+    if config.get("best_metric", "") not in metrics:
+        raise UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
+    if config.get("dev_bleu_every_steps", 0) < 0 or config.get("dev_bleu_sentences", 0) < 0:
+        raise UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
+    if config.get("best_metric") == "dev_bleu" and not config.get("dev_bleu_every_steps", 0):
+        raise UserError("best_metric=dev_bleu needs dev BLEU during training: set dev_bleu_every_steps, e.g. 5000.")
+    check_decode(config.decode)
+    TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
+
+
+def prepare_data(config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print):
+    """(builder, tokenizer): process 0 builds the dataset and tokenizer, the others wait and load them."""
+    if jax.process_index() == 0:
+        builder = corpora.prepare(config.data, log=log)
+        tokenizer_for(config.data, builder, workdir, log=log)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("fxformer: data prepared")
+    builder = corpora.prepare(config.data, log=log)
+    return builder, tokenizer_for(config.data, builder, workdir, log=log)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+AGREE_EVERY = 10  # steps between the processes' stop/save agreements (a tiny collective)
+
+
+class Diverged(UserError):
+    """The loss stopped being finite, or exploded (`DivergenceWatch`)."""
+
+
+class DivergenceWatch:
+    """Tells a diverged training loss from a healthy one, step by step.
+
+    Diverged: not finite; or, with `factor` > 0, above `factor` x the best loss of this run and
+    2 nats above it, or above 3 x ln(vocabulary) (three times a uniform guess), which catches a
+    run that explodes from its first steps.
+    """
+
+    def __init__(self, factor: float, vocab_size: int):
+        self.factor, self.best = factor, math.inf
+        self.ceiling = 3 * math.log(vocab_size)
+
+    def first_bad(self, losses: list[float]) -> tuple[int, str] | None:
+        """(index, what happened) of the first diverged per-token loss, or None; updates the best."""
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                return i, "became non-finite"
+            if self.factor > 0 and (loss > self.ceiling or (loss > self.factor * self.best and loss > self.best + 2)):
+                return i, f"exploded to {loss:.3g} per token (best so far {self.best:.3g})"
+            self.best = min(self.best, loss)
+        return None
+
+
+class StopRequest:
+    """Set by SIGTERM (a pre-emption notice) or a first Ctrl-C: save at the next agreed step and stop.
+
+    Installed at the start of a command, so a signal during data preparation or compilation is
+    kept too; a second Ctrl-C interrupts at once.
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.early = ""  # why training stopped early by itself (early stopping): then the run is done
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else ""
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print, stop: StopRequest | None = None
+) -> TrainState:
+    """Train `config` in `workdir` until `num_train_steps`, resuming from its latest checkpoint.
+
+    Returns the last state; its step is below `num_train_steps` if a signal stopped the run.
+    """
+    own_stop = stop is None
+    stop = stop or StopRequest()
+    try:
+        return _train(config, paths.Workdir(workdir), log, stop)
+    finally:
+        if own_stop:
+            stop.restore()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+    check_config(config)
+    trainstate.write_workdir_config(config, workdir)
+    mesh = parallel.data_mesh()
+    builder, tokenizer = prepare_data(config, workdir, log)
+    model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
+    p_train_step = compile_train_step(config, model, tx, mesh)
+    p_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
+
+    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
+    train_source = corpora.data_source(builder, config.data.train_split)
+    train_ds, length_filter = pipeline.train_dataset(
+        train_source, tokenizer, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
+    )
+    data_iterator = iter(train_ds)
+    dev_source = corpora.data_source(builder, config.data.eval_split)
+    dev_examples = pipeline.tokenize_split(
+        dev_source, tokenizer, config.data, config.eval_batches * config.data.eval_batch_size
+    )
+    bleu_every = config.get("dev_bleu_every_steps", 0)  # older configs lack it
+    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
+
+    mngr, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
+    describe(config, workdir, state, model, tokenizer, rows, start_step, log)
+    writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+    best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
+    watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
+    progress = Progress(writer.last(), len(train_source), 60 * config.get("train_minutes", 0.0))
+    total = config.num_train_steps
+    pending: list[dict] = []  # device metrics of the steps not yet logged
+    step, last_save = start_step, time.time()
+    if step < total and agree(config, step, stop, progress, False, now=True).stop:  # data preparation, compiling
+        log(f"{stop.name} before the first step: nothing new to save; exiting")
+        step = total  # skip the loop; the returned state is the checkpoint's
+    try:
+        while step < total:
+            local = next(data_iterator)
+            progress.pairs += pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
+            state, metrics = p_train_step(state, parallel.global_batch(mesh, local))
+            step += 1
+            pending.append(metrics)
+            if progress.window is None:  # the first step compiles; measure speed from the second on
+                jax.block_until_ready(metrics)
+                progress.first_step(step)
+
+            minutes = config.checkpoint_every_minutes
+            now = agree(config, step, stop, progress, 0 < minutes <= (time.time() - last_save) / 60)
+            due = what_is_due(config, step, now, dev_bleu is not None)
+            logged, steps = fetch(pending, watch, step, mngr) if due.log else ({}, 0)  # no save of unchecked losses
+            if due.dev_loss:
+                dev = inference.dev_loss(p_loss_step, state.params, dev_examples, config, mesh, model.config.max_len)
+                logged.update({f"dev_{k}": v for k, v in dev.items()})
+            if due.dev_bleu:
+                logged["dev_bleu"] = dev_bleu(state.params)
+            if (due.dev_loss or due.dev_bleu) and early_stop(config, best, step, logged, state.params, stop, log):
+                due = due._replace(save=True, stop=True)
+            if logged:
+                epoch = pipeline.epoch_size(len(train_source), length_filter)
+                writer.write(step, progress.record(logged, steps, epoch))
+            if progress.console_due(bool(logged)):
+                shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
+                log(progress.line(step, total, shown))
+            if due.save:
+                checkpoint.save(mngr, step, state, data_iterator)
+                last_save = time.time()
+            elif logged:
+                checkpoint.check(mngr)  # a failed background save stops the run now, not at the next save
+            if due.stop:
+                checkpoint.wait(mngr)
+                log(f"{stop_reason(stop, progress)}: saved step {step} to {workdir.checkpoints}; exiting")
+                break
+    except BaseException:
+        checkpoint.close(mngr, failing=True)
+        raise
+    else:
+        checkpoint.close(mngr)
+    finally:
+        best.close()
+        writer.close()
+    if length_filter.overlong_pairs:
+        log(f"length filter: {length_filter.report()}")
+    return state
+
+
+def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
+    """`train_step` jitted over the mesh: the state replicated (and donated), the batch's rows split."""
+    step = functools.partial(
+        train_step, model=model, tx=tx, schedule=optim.learning_rate_schedule(config),
+        label_smoothing=config.label_smoothing, accum=config.grad_accum_steps,
+    )  # fmt: skip
+    return jax.jit(
+        step,
+        in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
+        out_shardings=(parallel.replicated(mesh), parallel.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+
+def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, data_iterator, mesh, log):
+    """(checkpoint manager, state, its step): the latest checkpoint (the data iterator moved to its
+    position), or a fresh state; leftovers of saves that never finished are removed first."""
+    if jax.process_index() == 0:
+        checkpoint.remove_unfinished(workdir.checkpoints, log)
+    mngr = checkpoint.manager(workdir.checkpoints, config.keep_checkpoints)
+    start_step = mngr.latest_step() or 0
+    if start_step:
+        state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
+        log(f"resumed from {workdir.checkpoints / str(start_step)}")
+        return mngr, state, start_step
+    if workdir.metrics.exists() and workdir.metrics.read_text().strip():
+        log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
+    init = functools.partial(trainstate.create_state, model, tx, config.seed)
+    return mngr, jax.jit(init, out_shardings=parallel.replicated(mesh))(), 0
+
+
+def describe(config, workdir: paths.Workdir, state, model, tokenizer, rows: int, start_step: int, log) -> None:
+    """The model and the devices on the console, and in `W/run.json`."""
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    m = model.config
+    log(
+        f"model: N={m.num_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.num_heads} d_k={m.d_k} d_v={m.d_v}, "
+        f"{num_params:,} parameters, vocabulary {tokenizer.vocab_size:,}; {jax.device_count()} devices "
+        f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
+        f"{rows} rows x {config.data.max_length} tokens per step in {config.grad_accum_steps} micro-batch(es)"
+    )
+    if jax.process_index() == 0:
+        info = {"devices": jax.device_count(), "platform": jax.devices()[0].platform, "num_params": num_params,
+                "processes": jax.process_count(), "rows_per_step": rows, "max_length": config.data.max_length,
+                "tokens_per_batch": config.data.tokens_per_batch, "start_step": start_step}  # fmt: skip
+        paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
+    if start_step >= config.num_train_steps:
+        log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
+
+
+class Agreed(NamedTuple):
+    """What every process decided together at a step."""
+
+    save_for_time: bool  # checkpoint_every_minutes has passed
+    stop: bool  # a signal (SIGTERM, Ctrl-C) or the time budget
+
+
+def agree(config, step: int, stop: StopRequest, progress: Progress, time_due: bool, now: bool = False) -> Agreed:
+    """The same decision on every process: several processes compare their flags every
+    `AGREE_EVERY` steps or log steps (or `now`, a point every process reaches), so they always
+    save and stop together, soon after a pre-emption notice."""
+    flags = np.array([time_due, stop.signal is not None or progress.out_of_time()])
+    if jax.process_count() > 1:
+        if step % min(config.log_every_steps, AGREE_EVERY) and not now:
+            return Agreed(False, False)
+        flags = parallel.any_process(flags)
+    return Agreed(bool(flags[0]), bool(flags[1]))
+
+
+class Due(NamedTuple):
+    """What a step does besides training."""
+
+    log: bool
+    dev_loss: bool
+    dev_bleu: bool
+    save: bool
+    stop: bool
+
+
+def what_is_due(config, step: int, agreed: Agreed, measures_bleu: bool) -> Due:
+    """Log, evaluate on dev, save and stop, by the config's intervals (big_vision's `itstime`);
+    the last step does everything, and a stop saves without waiting for a dev evaluation."""
+    final = step == config.num_train_steps
+    itstime = lambda every: (step % every == 0 and not agreed.stop) or final  # noqa: E731
+    dev_loss = itstime(config.eval_every_steps)
+    dev_bleu = measures_bleu and itstime(config.dev_bleu_every_steps)
+    save = step % config.checkpoint_every_steps == 0 or final or agreed.save_for_time or agreed.stop
+    log = step % config.log_every_steps == 0 or dev_loss or dev_bleu or save
+    return Due(log, dev_loss, dev_bleu, save, agreed.stop)
+
+
+def fetch(pending: list[dict], watch: DivergenceWatch, step: int, mngr) -> tuple[dict[str, float], int]:
+    """(per-token metrics of the pending steps, how many), fetched from the devices. A diverged
+    loss at step F means the parameters after step F - 1 are bad: their checkpoints (and later
+    ones) are removed, and the run stops with Diverged."""
+    fetched = jax.device_get(pending)
+    pending.clear()
+    found = watch.first_bad([float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in fetched])
+    if found is not None:
+        index, what = found
+        first_bad = step - len(fetched) + 1 + index
+        last_good = checkpoint.remove_from(mngr, first_bad - 1)
+        kept = f"the last good checkpoint (step {last_good}) is intact" if last_good else "no checkpoint was kept"
+        raise Diverged(
+            f"The training loss {what} at step {first_bad}; {kept}: lower learning_rate_scale or raise warmup_steps "
+            "and resume."
+        )
+    sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}
+    logged = {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
+    return logged, len(fetched)
+
+
+def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, stop: StopRequest, log) -> bool:
+    """Offer the parameters as the best by dev metric; True (and `stop.early` says why) once
+    `early_stopping_patience` dev evaluations have passed without a better one."""
+    best.offer(step, logged, params, log)
+    patience = config.get("early_stopping_patience", 0)
+    if patience and best.stale >= patience and step != config.num_train_steps:
+        stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
+        return True
+    return False
+
+
+def stop_reason(stop: StopRequest, progress: Progress) -> str:
+    if stop.early or stop.name:
+        return stop.early or stop.name
+    if progress.out_of_time():
+        return f"time budget of {progress.budget_s / 60:g} minutes"
+    return "a signal to another process"
+
+
+def per_token_step(metrics: dict) -> dict[str, float]:
+    """Per-token values of one step's device metrics (a sync: only for the console)."""
+    fetched = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    return {**per_token(fetched), "learning_rate": fetched["learning_rate"]}
+
+
+def main() -> int:
+    p = cli.parser(__doc__, "fxformer.train")
+    p.add_argument("--workdir", required=True, help="run directory: config, tokenizer, checkpoints, metrics")
+    parallel.add_cluster_flags(p)
+    stop = StopRequest()  # from the start: a pre-emption during data preparation is kept too
+    args, config = cli.parse(p)
+    paths.check_workdir(args.workdir)
+    paths.check_writable(args.workdir, "the run's config, checkpoints and metrics are written")
+    workdir = paths.Workdir(args.workdir)
+    if config is None:  # resume a run with the config it was started with
+        if not workdir.config.exists():
+            raise UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
+        config = trainstate.load_workdir_config(workdir)
+    parallel.join_cluster(args)
+    log = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
+    if int(state.step) < config.num_train_steps and not stop.early:
+        return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    cli.run(main)

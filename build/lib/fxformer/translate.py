@@ -1,0 +1,77 @@
+"""Translate text with a trained workdir: lines in (stdin or --input), translations out (stdout).
+
+    echo "Today the man sees the dog." | python -m fxformer.translate --workdir=runs/default
+    python -m fxformer.translate --workdir=runs/base --input=news.en --average_last=5 > news.de
+    python -m fxformer.translate --workdir=runs/base --config.decode.nbest=3 < news.en
+    python -m fxformer.translate --workdir=runs/base --config.decode.strategy=sample \\
+        --config.decode.temperature=0.7 --config.decode.top_k=40 --config.decode.seed=1 < news.en
+
+Progress goes to stderr, so stdout holds only the translations, one per input line: lines
+are split on newlines only (a form feed or a Unicode line separator stays inside its line), a
+blank line comes out blank, and input must be UTF-8.
+
+With `--config.decode.nbest=K` (K > 1) each input line gives K lines, best first, each
+`<line number, from 0><TAB><score><TAB><translation>`; the score is log p / lp(|Y|) for beam
+search, log p for sampling (a blank input line gives K lines with an empty score and text).
+Sampling with the same `decode.seed` (and batch size) prints the same output every time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fxformer import cli, inference, paths
+from fxformer.errors import UserError
+from fxformer.evaluate import inference_parser, parse_inference_args
+
+
+def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], nbest: int) -> str:
+    """The output text: one translation per input line, or `nbest` tab-separated scored lines."""
+    out = []
+    for i in range(len(lines)):
+        found = translated.get(i, [])
+        if nbest == 1:
+            out.append(found[0][0] if found else "")
+        else:
+            out += [f"{i}\t{score:.4f}\t{text}" for text, score in found] or [f"{i}\t\t"] * nbest
+    return "".join(text + "\n" for text in out)
+
+
+def main() -> None:
+    p = inference_parser(__doc__, "fxformer.translate")
+    p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
+    p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
+    args = parse_inference_args(p)
+    if args.input == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = paths.as_path(args.input).read_bytes()
+        except OSError as e:
+            raise UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
+    lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
+    log = cli.log_to_stderr
+    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log)
+    log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
+    section = run.config.decode
+    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
+    examples = [{"inputs": run.tokenizer.encode(lines[i]), "targets": run.tokenizer.encode("")} for i in todo]
+    translated = {}
+    if examples:
+        length = inference.source_length(examples, run.model, section.max_extra, log)
+        batch_size = args.batch_size or run.config.data.eval_batch_size
+        found = inference.translate_examples(
+            inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer, batch_size,
+            length, run.mesh, "translate", section.seed,
+        )  # fmt: skip
+        translated = dict(zip(todo, found))
+    try:
+        sys.stdout.write(formatted(lines, translated, section.nbest))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `translate | head -1`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    cli.run(main)
