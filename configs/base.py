@@ -31,6 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.norm = "post"  # or "pre" (departure)
     config.model.attention_bias = False  # the paper's W^Q, W^K, W^V, W^O have no biases (True: departure)
     config.model.dtype = "float32"  # or "bfloat16" compute with float32 parameters
+    config.model.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
 
     config.data = ml_collections.ConfigDict()
     config.data.dataset = "wmt14_translate/de-en"  # TFDS name; "embedded" or "text" for the others

@@ -47,6 +47,7 @@ class TransformerConfig:
     norm: str = "post"  # "post": LayerNorm(x + Dropout(f(x))); "pre": x + Dropout(f(LayerNorm(x)))
     attention_bias: bool = False  # departure when True: biases on the Q, K, V and output projections
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+    attention_impl: str = "xla"  # "xla" (the reference) or "cudnn" (fused); from_config resolves "auto"
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
@@ -62,6 +63,8 @@ class TransformerConfig:
             problems.append(f"model.positional must be 'sinusoidal' or 'learned', not {self.positional!r}")
         if self.norm not in ("post", "pre"):
             problems.append(f"model.norm must be 'post' or 'pre', not {self.norm!r}")
+        if self.attention_impl not in ("xla", "cudnn"):
+            problems.append(f"model.attention_impl must be 'xla', 'cudnn' or 'auto', not {self.attention_impl!r}")
         if self.d_model % 2:
             problems.append(f"model.d_model must be even (sinusoids come in sin/cos pairs), not {self.d_model}")
         if problems:
@@ -76,7 +79,35 @@ class TransformerConfig:
         if dtype not in ("float32", "bfloat16"):
             raise UserError(f"model.dtype must be 'float32' or 'bfloat16', not {dtype!r}.")
         kwargs["dtype"] = jnp.dtype(dtype)
-        return cls(vocab_size=vocab_size, **{**kwargs, **overrides})
+        kwargs = {**kwargs, **overrides}
+        kwargs["attention_impl"] = attention_implementation(kwargs, jax.default_backend())
+        return cls(vocab_size=vocab_size, **kwargs)
+
+
+def attention_implementation(fields: dict, backend: str) -> str:
+    """`model.attention_impl` resolved for this machine: "xla" (hand-written, the reference) or
+    "cudnn" (`jax.nn.dot_product_attention`'s fused kernel: the masked half of causal attention
+    is never computed). "auto" takes cudnn where it serves and xla elsewhere; "cudnn" where it
+    cannot serve is refused in one sentence, never silently changed."""
+    wanted = fields.get("attention_impl", "xla")
+    if wanted == "xla":
+        return "xla"
+    d_k, d_v = fields.get("d_k", 0), fields.get("d_v", 0)
+    reasons = [
+        (backend != "gpu", f"a GPU (this is {backend})"),
+        (d_k != d_v, f"d_k == d_v (here {d_k} vs {d_v})"),
+        (fields.get("attention_dropout_rate", 0.0) > 0, "attention_dropout_rate 0"),
+        (jnp.dtype(fields.get("dtype", "float32")) != jnp.bfloat16, "dtype bfloat16"),
+    ]
+    missing = [what for failed, what in reasons if failed]
+    if wanted == "auto":
+        return "xla" if missing else "cudnn"
+    if wanted == "cudnn" and missing:
+        raise UserError(
+            f"model.attention_impl=cudnn needs {missing[0]}; use model.attention_impl=auto (cudnn where it "
+            "serves) or xla."
+        )
+    return wanted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,6 +219,15 @@ def dot_product_attention(
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)  # [b, q, h, d_v]
 
 
+def fused_attention(query: Array, key: Array, value: Array, mask: Array, implementation: str | None) -> Array:
+    """The same attention through `jax.nn.dot_product_attention` (layout [b, t, h, d], the
+    mask broadcast to [b, h, q, k]); `implementation` "cudnn" is the fused GPU kernel, "xla"
+    jax's own reference (used to test this route on a CPU). No attention dropout."""
+    b, q_len, h, _ = query.shape
+    mask = jnp.broadcast_to(mask, (b, h, q_len, key.shape[1]))
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -227,7 +267,10 @@ class MultiHeadAttention(nn.Module):
         if c.decode and self.cache == "steps":
             key, value, mask = self._extend_cache(key, value, mask)
         dropout = nn.Dropout(c.attention_dropout_rate)
-        heads = dot_product_attention(query, key, value, mask, lambda w: dropout(w, deterministic))
+        if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
+            heads = fused_attention(query, key, value, mask, "cudnn")
+        else:
+            heads = dot_product_attention(query, key, value, mask, lambda w: dropout(w, deterministic))
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return dense(c.d_model, "out")(heads)
 

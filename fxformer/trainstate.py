@@ -46,6 +46,9 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh):
     return model, tx, checkpoint.abstract_like(shapes, parallel.replicated(mesh))
 
 
+RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume
+
+
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir (one written before the `decode`
     section existed gets it, from its top-level beam_size / alpha / max_decode_extra)."""
@@ -71,7 +74,8 @@ def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathL
     if path.exists():
         old = load_workdir_config(workdir).to_dict()
         new = json.loads(config.to_json())
-        changed = [k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k)]
+        keys = (set(old["model"]) | set(new["model"])) - RUNTIME_FIELDS
+        changed = [k for k in keys if old["model"].get(k) != new["model"].get(k)]
         if changed:
             raise UserError(
                 f"{workdir} holds a model with a different model.{changed[0]} "

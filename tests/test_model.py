@@ -9,7 +9,18 @@ import numpy as np
 import pytest
 
 from fxformer import inference
-from fxformer.model import MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
+from fxformer.errors import UserError
+from fxformer.model import (
+    MultiHeadAttention,
+    Transformer,
+    TransformerConfig,
+    attention_implementation,
+    causal_mask,
+    dot_product_attention,
+    fused_attention,
+    segment_mask,
+    sinusoid_table,
+)
 from fxformer.params import count_parameters
 
 TINY = TransformerConfig(vocab_size=23, num_layers=2, d_model=16, d_ff=32, num_heads=2, d_k=6, d_v=10, max_len=32)
@@ -179,3 +190,48 @@ def test_parameter_count_matches_closed_form():
     norm = 2 * d
     expected = V * d + 6 * (attention + ffn + 2 * norm) + 6 * (2 * attention + ffn + 3 * norm)
     assert count_parameters(m, V) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused-attention route (model.attention_impl)
+
+
+def test_the_jax_nn_route_equals_the_hand_written_attention():
+    """jax.nn.dot_product_attention (its XLA reference on a CPU; cuDNN's kernel on a GPU) with
+    the model's masks gives what the hand-written softmax(Q K^T / sqrt(d_k)) V gives."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
+    segmentation = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    mask = segment_mask(segmentation, segmentation) & causal_mask(6)
+    ours = dot_product_attention(q, k, v, mask, lambda w: w)
+    theirs = fused_attention(q, k, v, mask, "xla")
+    real = np.asarray(segmentation, bool)[:, :, None, None]  # padded query rows are discarded anyway
+    np.testing.assert_allclose(np.where(real, theirs, 0), np.where(real, ours, 0), atol=1e-5)
+
+
+def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sentence():
+    from configs import with_overrides
+    from fxformer import configfile
+
+    config = configfile.load_config("configs/default.py")
+    auto = TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "auto"}).model, 50)
+    assert auto.attention_impl == "xla"  # no GPU here: auto takes the reference path, so results are identical
+    with pytest.raises(UserError, match="model.attention_impl=cudnn needs a GPU"):
+        TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "cudnn"}).model, 50)
+    gpu = {"attention_impl": "cudnn", "d_k": 16, "d_v": 32, "dtype": "bfloat16"}
+    with pytest.raises(UserError, match=r"needs d_k == d_v \(here 16 vs 32\)"):
+        attention_implementation(gpu, "gpu")
+    assert attention_implementation({**gpu, "d_v": 16}, "gpu") == "cudnn"
+    assert attention_implementation({**gpu, "d_v": 16, "attention_impl": "auto", "dtype": "float32"}, "gpu") == "xla"
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")
+def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu():
+    base = dataclasses.replace(TINY, dtype=jnp.bfloat16, dropout_rate=0.0, d_k=8, d_v=8)
+    params = init(base)
+    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 0, 0, 0, 0, 0]])
+    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0, 0], [4, 5, 6, 3, 0, 0, 0, 0]])
+    xla = logits_of(base, params, inputs, targets)
+    cudnn = logits_of(dataclasses.replace(base, attention_impl="cudnn"), params, inputs, targets)
+    real = np.asarray(targets != 0)[:, :, None]
+    np.testing.assert_allclose(np.where(real, cudnn, 0), np.where(real, xla, 0), atol=0.1, rtol=0.05)
