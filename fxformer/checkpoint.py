@@ -7,7 +7,9 @@ An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps 
 
 from __future__ import annotations
 
+import logging
 import sys
+import traceback
 import warnings
 
 import grain
@@ -125,6 +127,21 @@ def _quiet_closed_loop(hook):
 
 sys.excepthook = _quiet_closed_loop(sys.excepthook)
 sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+warnings.filterwarnings("ignore", "coroutine 'async_serialize.*' was never awaited", RuntimeWarning)  # likewise
+
+
+# asyncio logs orbax's failed background writes when their tasks are collected; `check` and
+# `wait` report the failed save itself, in one sentence.
+def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    if "exception was never retrieved" not in text:
+        return False
+    if record.exc_info and record.exc_info[2] is not None:
+        text += "".join(traceback.format_tb(record.exc_info[2]))
+    return "/orbax/" in text
+
+
+logging.getLogger("asyncio").addFilter(lambda record: not _orbax_write_left_behind(record))
 
 
 def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:
@@ -138,14 +155,13 @@ def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:
 
 def close(mngr: ocp.CheckpointManager, failing: bool = False) -> None:
     """Wait for the last save and close; `failing` (the run is already stopping on an error):
-    a second failure is not reported, and the dying background saves are silenced."""
+    a second failure is not reported."""
     try:
         wait(mngr)
         mngr.close()
     except SaveFailed:
         if not failing:
             raise
-        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)  # orbax's abandoned writes
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
