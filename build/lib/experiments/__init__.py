@@ -1,1 +1,0 @@
-"""Launching fxformer runs (local processes, Cloud TPU pods, SLURM) and, next, sweeps; imports no JAX."""

@@ -1,1 +1,0 @@
-"""fxformer: the original Transformer ("Attention Is All You Need") in JAX/Flax."""
