@@ -8,6 +8,7 @@ An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -56,22 +57,9 @@ def complete_steps(directory: paths.PathLike) -> list[int]:
 def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
     """One sentence: why the save failed and which checkpoint the next run resumes from."""
     text = str(error)
-    reason = (
-        paths.unwritable(error)
-        or next(
-            (
-                words
-                for words in (
-                    "No space left on device",
-                    "Read-only file system",
-                    "Permission denied",
-                    "Disk quota exceeded",
-                    "File too large",
-                )
-                if words in text
-            ),  # fmt: skip
-            f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}",
-        )
+    in_text = (os.strerror(code) for code in paths.UNWRITABLE if os.strerror(code) in text)  # orbax wraps OSErrors
+    reason = paths.unwritable(error) or next(
+        in_text, f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
     )
     if step is None:  # the save that failed is the one left unfinished
         unfinished = [p.name.split(".")[0] for p in paths.as_path(directory).iterdir() if TEMPORARY in p.name]

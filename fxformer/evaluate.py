@@ -31,7 +31,7 @@ def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log
     data = config.data
     source = corpora.data_source(corpora.prepare(data, log=log), split)
     n = len(source) if limit <= 0 else min(limit, len(source))
-    return source, n, [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+    return source, n, pipeline.references(source, data, n)
 
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
@@ -58,14 +58,11 @@ def evaluate(
 
     loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
     losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
-    section = run.config.decode.copy_and_resolve_references()
-    section.nbest = 1
-    length = inference.source_length(examples, run.model, section.max_extra, log)
-    translated = inference.translate_examples(
-        inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer,
-        run.config.data.eval_batch_size, length, run.mesh, f"{section.strategy} search ({split})", section.seed,
-    )  # fmt: skip
-    hypotheses = [nbest[0][0] for nbest in translated]
+    best = inference.BestTranslations(
+        run.model, run.mesh, run.config.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
+    )
+    section = best.section
+    hypotheses = best(run.params, f"{section.strategy} search ({split})")
 
     steps = run.steps
     name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")

@@ -141,8 +141,9 @@ def loss_step(model: Transformer, label_smoothing: float, mesh):
     )
 
 
-def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int) -> dict[str, float]:
-    """Per-token loss, NLL, perplexity and accuracy over `examples`, each counted once (`step`: `loss_step`)."""
+def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = "") -> dict[str, float]:
+    """Per-token loss, NLL, perplexity and accuracy over `examples` (keys with `prefix`), each
+    counted once (`step`: a `loss_step`)."""
     length = pipeline.eval_length(examples, max_len)
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     batch_size = parallel.round_to_devices(config.data.eval_batch_size)
@@ -151,7 +152,7 @@ def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int) -> 
         sums = jax.device_get(step(params, parallel.global_batch(mesh, batch)))
         for key in totals:
             totals[key] += float(sums[key])
-    return per_token(totals)
+    return per_token(totals, prefix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +296,25 @@ def bleu(hypotheses: list[str], references: list[str]) -> tuple[sacrebleu.metric
     return metric.corpus_score(hypotheses, [references]), str(metric.get_signature())
 
 
+class BestTranslations:
+    """The best translation of each of `examples` under the decode `section`'s search (its
+    `nbest` set aside), compiled once for their padded length."""
+
+    def __init__(self, model, mesh, section, examples: list[dict], tokenizer: Tokenizer, batch_size: int, log=print):
+        self.section = section.copy_and_resolve_references()
+        self.section.nbest = 1
+        self.length = source_length(examples, model, self.section.max_extra, log)
+        self.translate = translator(model, mesh, self.section)
+        self.examples, self.tokenizer, self.batch_size, self.mesh = examples, tokenizer, batch_size, mesh
+
+    def __call__(self, params, what: str | None = None) -> list[str]:
+        translated = translate_examples(
+            self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, what,
+            self.section.seed,
+        )  # fmt: skip
+        return [nbest[0][0] for nbest in translated]
+
+
 class DevBleu:
     """BLEU on the first `dev_bleu_sentences` of the dev split during training, searching as the
     config's decode section says (best translation only), compiled once."""
@@ -302,17 +322,9 @@ class DevBleu:
     def __init__(self, model, mesh, config, source, tokenizer: Tokenizer, log=print):
         data = config.data
         n = min(config.get("dev_bleu_sentences", 0) or len(source), len(source))
-        self.examples = pipeline.tokenize_split(source, tokenizer, data, n)
-        self.references = [source[i][data.target_lang].decode("utf-8") for i in range(n)]
-        section = config.decode.copy_and_resolve_references()
-        section.nbest = 1
-        self.length = source_length(self.examples, model, section.max_extra, log)
-        self.translate = translator(model, mesh, section)
-        self.tokenizer, self.batch_size, self.mesh, self.seed = tokenizer, data.eval_batch_size, mesh, section.seed
+        examples = pipeline.tokenize_split(source, tokenizer, data, n)
+        self.references = pipeline.references(source, data, n)
+        self.best = BestTranslations(model, mesh, config.decode, examples, tokenizer, data.eval_batch_size, log)
 
     def __call__(self, params) -> float:
-        translated = translate_examples(
-            self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, None,
-            self.seed,
-        )  # fmt: skip
-        return bleu([nbest[0][0] for nbest in translated], self.references)[0].score
+        return bleu(self.best(params), self.references)[0].score

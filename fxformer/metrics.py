@@ -115,11 +115,11 @@ class Progress:
     kept from before this attempt): target tokens, passes over the training pairs, wall time;
     and the recent speed for the console (since its previous line, not the run's average)."""
 
-    def __init__(self, earlier: dict, total: int, budget_s: float = 0.0):
+    def __init__(self, earlier: dict, budget_s: float = 0.0):
         self.tokens_before = earlier.get("tokens_seen", 0.0)
         self.wall_before = earlier.get("wall_s", 0.0)
         self.epochs_before = earlier.get("epochs", 0.0)
-        self.total, self.budget_s = total, budget_s
+        self.budget_s = budget_s
         self.tokens = 0.0  # target tokens over the logged steps of this attempt
         self.logged_steps = 0
         self.pairs = 0  # training pairs read by this attempt

@@ -241,7 +241,7 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
     best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
     watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
-    progress = Progress(writer.last(), len(train_source), 60 * config.get("train_minutes", 0.0))
+    progress = Progress(writer.last(), 60 * config.get("train_minutes", 0.0))
     total = config.num_train_steps
     pending: list[dict] = []  # device metrics of the steps not yet logged
     step, last_save = start_step, time.time()
@@ -264,8 +264,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             due = what_is_due(config, step, now, dev_bleu is not None)
             logged, steps = fetch(pending, watch, step, mngr) if due.log else ({}, 0)  # no save of unchecked losses
             if due.dev_loss:
-                dev = inference.dev_loss(p_loss_step, state.params, dev_examples, config, mesh, model.config.max_len)
-                logged.update({f"dev_{k}": v for k, v in dev.items()})
+                max_len = model.config.max_len
+                logged.update(
+                    inference.dev_loss(p_loss_step, state.params, dev_examples, config, mesh, max_len, "dev_")
+                )
             if due.dev_bleu:
                 logged["dev_bleu"] = dev_bleu(state.params)
             if (due.dev_loss or due.dev_bleu) and early_stop(config, best, step, logged, state.params, stop, log):

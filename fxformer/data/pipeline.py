@@ -155,6 +155,12 @@ def tokenize_split(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict
     return [tokenize(source[i]) for i in range(n)]
 
 
+def references(source, data: ml_collections.ConfigDict, limit: int = 0) -> list[str]:
+    """The target sentences of an eval split, in order (the first `limit` if > 0): what sacreBLEU scores against."""
+    n = len(source) if limit <= 0 else min(limit, len(source))
+    return [source[i][data.target_lang].decode("utf-8") for i in range(n)]
+
+
 def eval_batches(
     examples: list[dict],
     batch_size: int,
