@@ -24,7 +24,7 @@ from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import duration, per_token
-from fxformer.model import Transformer, TransformerConfig
+from fxformer.model import Transformer, TransformerConfig, grow_cache
 from fxformer.resolve import check_decode
 from fxformer.tokens import BOS_ID, PAD_ID
 
@@ -171,17 +171,19 @@ class Decoding(NamedTuple):
     cache: Any  # per-row self-attention keys and values of every decoder layer (+ shared counters)
     limit: Array  # [batch] maximum output length: input length + max_extra
     max_len: int  # output positions: padded input length + max_extra
+    grow: decode.GrowFn  # (cache, length) -> the cache with room for `length` positions
 
 
 def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
     """Encode `inputs` [batch, l] once and project every decoder layer's encoder-side keys and
     values once (the `memory` collection, held by the step function, never reordered); rows are
-    each example repeated `copies` times (beams, samples)."""
+    each example repeated `copies` times (beams, samples). The cache starts with room for the
+    first of `decode.cache_lengths(max_len)` positions and is grown as the search goes."""
     model = decoding_model(config)
     segmentation = (inputs != PAD_ID).astype(jnp.int32)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
     max_len = inputs.shape[1] + max_extra
-    sizing = jnp.full((inputs.shape[0], max_len), BOS_ID, jnp.int32)  # sizes the cache; projects the memory
+    sizing = jnp.full((inputs.shape[0], decode.cache_lengths(max_len)[0]), BOS_ID, jnp.int32)  # and projects the memory
     _, variables = model.apply(
         {"params": params}, encoded, segmentation, sizing, method=Transformer.decode, mutable=["cache", "memory"]
     )
@@ -202,7 +204,7 @@ def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int
         return log_probs.at[:, jnp.array([PAD_ID, BOS_ID])].set(-jnp.inf), updated["cache"]
 
     cache = jax.tree.map(repeat, variables["cache"])
-    return Decoding(step, cache, segmentation.sum(-1) + max_extra, max_len)
+    return Decoding(step, cache, segmentation.sum(-1) + max_extra, max_len, grow_cache)
 
 
 def search(config: TransformerConfig, params, inputs: Array, options: dict, rng: Array | None = None):
@@ -212,16 +214,18 @@ def search(config: TransformerConfig, params, inputs: Array, options: dict, rng:
     if o["strategy"] == "beam":
         d = start_decoding(config, params, inputs, o["beam_size"], o["max_extra"])
         outputs, scores = decode.beam_search(
-            d.step, d.cache, d.limit, d.max_len, o["beam_size"], o["alpha"], o["beam_variant"]
+            d.step, d.cache, d.limit, d.max_len, o["beam_size"], o["alpha"], o["beam_variant"], grow=d.grow
         )
         return outputs[:, : o["nbest"]], scores[:, : o["nbest"]]
     n = o["nbest"] if o["strategy"] == "sample" else 1
     d = start_decoding(config, params, inputs, n, o["max_extra"])
     limit = jnp.repeat(d.limit, n)
     if o["strategy"] == "greedy":
-        outputs, logp = decode.greedy_search(d.step, d.cache, limit, d.max_len)
+        outputs, logp = decode.greedy_search(d.step, d.cache, limit, d.max_len, d.grow)
     else:
-        outputs, logp = decode.sample_search(d.step, d.cache, limit, d.max_len, rng, o["temperature"], o["top_k"])
+        outputs, logp = decode.sample_search(
+            d.step, d.cache, limit, d.max_len, rng, o["temperature"], o["top_k"], d.grow
+        )
     outputs, logp = outputs.reshape(inputs.shape[0], n, -1), logp.reshape(inputs.shape[0], n)
     order = jnp.argsort(-logp, axis=1)
     return jnp.take_along_axis(outputs, order[:, :, None], axis=1), jnp.take_along_axis(logp, order, axis=1)

@@ -204,19 +204,27 @@ class PositionalEncoding(nn.Module):
 # Attention (section 3.2)
 
 
+def heads_first(x: Array) -> Array:
+    """[b, t, h, d] -> [b, h, t, d]."""
+    return x.transpose(0, 2, 1, 3)
+
+
 def dot_product_attention(
     query: Array, key: Array, value: Array, mask: Array, dropout: Callable[[Array], Array]
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) V per head; masked keys get the dtype's most negative value.
 
-    query [b, q, h, d_k], key [b, k, h, d_k], value [b, k, h, d_v], mask [b|1, 1|h, q, k].
+    query [b, h, q, d_k], key [b, h, k, d_k], value [b, h, k, d_v], mask [b|1, 1|h, q, k] ->
+    [b, h, q, d_v]. Heads come before positions, the layout both products want: a decoder's
+    cache kept this way is read in place at every step (kept [b, k, h, d], XLA copied each
+    layer's whole cache into this order at every step: half the time of a beam search on a CPU).
     The softmax runs in float32; a fully masked row gives uniform weights, never NaN.
     """
     d_k = query.shape[-1]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(d_k)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", query, key).astype(jnp.float32) / math.sqrt(d_k)
     logits = logits + jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
     weights = dropout(jax.nn.softmax(logits, axis=-1))  # [b, h, q, k]
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)  # [b, q, h, d_v]
+    return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
 
 
 def fused_attention(query: Array, key: Array, value: Array, mask: Array, implementation: str | None) -> Array:
@@ -250,32 +258,32 @@ class MultiHeadAttention(nn.Module):
         )
         query = dense(c.num_heads * c.d_k, "query")(inputs_q).reshape(b, q_len, c.num_heads, c.d_k)
 
-        def project_kv():
-            key = dense(c.num_heads * c.d_k, "key")(inputs_kv).reshape(b, -1, c.num_heads, c.d_k)  # [b, k, h, d_k]
+        def project_kv():  # key [b, k, h, d_k], value [b, k, h, d_v]
+            key = dense(c.num_heads * c.d_k, "key")(inputs_kv).reshape(b, -1, c.num_heads, c.d_k)
             value = dense(c.num_heads * c.d_v, "value")(inputs_kv).reshape(b, -1, c.num_heads, c.d_v)
-            return key, value  # value [b, k, h, d_v]
+            return key, value
 
-        if c.decode and self.cache == "memory":
-            if self.has_variable("memory", "key"):
+        if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
+            heads = fused_attention(query, *project_kv(), mask, "cudnn")
+        else:
+            if c.decode and self.cache == "memory":
+                if not self.has_variable("memory", "key"):
+                    key, value = project_kv()
+                    self.put_variable("memory", "key", heads_first(key))
+                    self.put_variable("memory", "value", heads_first(value))
                 key, value = self.get_variable("memory", "key"), self.get_variable("memory", "value")
             else:
-                key, value = project_kv()
-                self.put_variable("memory", "key", key)
-                self.put_variable("memory", "value", value)
-        else:
-            key, value = project_kv()
-        if c.decode and self.cache == "steps":
-            key, value, mask = self._extend_cache(key, value, mask)
-        dropout = nn.Dropout(c.attention_dropout_rate)
-        if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
-            heads = fused_attention(query, key, value, mask, "cudnn")
-        else:
-            heads = dot_product_attention(query, key, value, mask, lambda w: dropout(w, deterministic))
+                key, value = map(heads_first, project_kv())
+            if c.decode and self.cache == "steps":
+                key, value, mask = self._extend_cache(key, value, mask)
+            dropout = nn.Dropout(c.attention_dropout_rate)
+            heads = dot_product_attention(heads_first(query), key, value, mask, lambda w: dropout(w, deterministic))
+            heads = heads_first(heads)  # back to [b, q, h, d_v]
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return dense(c.d_model, "out")(heads)
 
     def _extend_cache(self, key: Array, value: Array, mask: Array) -> tuple[Array, Array, Array]:
-        """Write this step's key and value at the cache index; mask out the unwritten slots."""
+        """Write this step's key and value [b, h, 1, d] at the cache index; mask out the unwritten slots."""
         initialized = self.has_variable("cache", "cached_key")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
@@ -283,12 +291,25 @@ class MultiHeadAttention(nn.Module):
         if not initialized:  # the init call only sizes the cache
             return key, value, mask
         i = index.value
-        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
-        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
-        index.value = i + key.shape[1]
-        max_len = cached_key.value.shape[1]
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
+        index.value = i + key.shape[2]
+        max_len = cached_key.value.shape[2]
         mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
         return cached_key.value, cached_value.value, mask
+
+
+def grow_cache(cache, length: int):
+    """The decoder's `cache` collection with room for `length` positions: zeros appended to each
+    self-attention key and value [b, h, t, d], which the mask leaves out until they are written."""
+
+    def grow(path, x):
+        name = getattr(path[-1], "key", None)
+        if name not in ("cached_key", "cached_value") or x.shape[2] >= length:
+            return x
+        return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+
+    return jax.tree_util.tree_map_with_path(grow, cache)
 
 
 # ---------------------------------------------------------------------------------------------

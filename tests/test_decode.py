@@ -38,16 +38,25 @@ def table_decoder(table, rows):
     return step, {"t": jnp.zeros((), jnp.int32), "before": jnp.full((rows,), BOS_ID, jnp.int32)}
 
 
-@functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "alpha", "variant", "early_stop"))
-def table_beam(table, limit, max_len, beam_size, alpha, variant="live", early_stop=True):
+def grown(cache, length):  # the table's cache has no length to grow: records the lengths asked for
+    GROWN.append(length)
+    return cache
+
+
+GROWN = []
+
+
+@functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "alpha", "variant", "early_stop", "stages"))
+def table_beam(table, limit, max_len, beam_size, alpha, variant="live", early_stop=True, stages=False):
     step, cache = table_decoder(table, limit.shape[0] * beam_size)
-    return decode.beam_search(step, cache, limit, max_len, beam_size, alpha, variant, early_stop)
+    grow = grown if stages else None
+    return decode.beam_search(step, cache, limit, max_len, beam_size, alpha, variant, early_stop, grow)
 
 
-@functools.partial(jax.jit, static_argnames=("max_len", "temperature", "top_k"))
-def table_sample(table, limit, max_len, rng, temperature=1.0, top_k=0):
+@functools.partial(jax.jit, static_argnames=("max_len", "temperature", "top_k", "stages"))
+def table_sample(table, limit, max_len, rng, temperature=1.0, top_k=0, stages=False):
     step, cache = table_decoder(table, limit.shape[0])
-    return decode.sample_search(step, cache, limit, max_len, rng, temperature, top_k)
+    return decode.sample_search(step, cache, limit, max_len, rng, temperature, top_k, grown if stages else None)
 
 
 def table_logprob(table, y):
@@ -156,6 +165,43 @@ def test_early_stopping_changes_nothing(variant, seed, alpha):
     np.testing.assert_allclose(np.asarray(early[1]), np.asarray(full[1]), atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "n, k, blocked",
+    [(148_000, 4, True), (148_000, 8, True), (4 * 32_000, 3, True), (3 * 50_021, 4, False), (999, 2, False)],
+)  # 3 x 50,021 has no block size between 64 and 256, 999 is small: lax.top_k itself
+def test_top_k_in_blocks_equals_lax_top_k_ties_and_infinities_included(n, k, blocked):
+    rng = np.random.default_rng(n + k)
+    x = rng.normal(size=(6, n)).astype(np.float32)
+    x[0] = np.round(x[0])  # ties everywhere, the top ones in many blocks
+    x[1, 3:] = -np.inf  # fewer finite values than k
+    x[2] = -np.inf
+    x[3, rng.choice(n, 40)] = 9.0  # equal maxima in several blocks
+    x[4, -k:] = 9.0  # the best at the very end
+    x[5, [0, n - 2, n - 1]] = [9.0, 9.0, 10.0]  # the tie at 9 goes to index 0, in a block with a lower maximum
+    assert blocked == ("reduce_max" in str(jax.make_jaxpr(decode.top_k, static_argnums=1)(x, k)))
+    got, want = jax.jit(decode.top_k, static_argnums=1)(x, k), jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+def test_searching_in_stages_of_growing_cache_changes_nothing(monkeypatch):
+    """With the cache grown in stages (lengths 1, 2, 4, 6 here), every search gives what one
+    loop over the whole length gives, and stops as early."""
+    monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 1)
+    assert decode.cache_lengths(6) == [1, 2, 4, 6] and decode.cache_lengths(1) == [1]
+    table = jnp.asarray(random_table(7, 6))
+    limits = jnp.array([6, 3, 5])
+    for variant in decode.VARIANTS:
+        GROWN.clear()
+        staged = table_beam(table, limits, 6, 3, 0.6, variant, stages=True)
+        assert GROWN == [1, 2, 4, 6]  # traced once per stage
+        for got, want in zip(staged, table_beam(table, limits, 6, 3, 0.6, variant)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    rng = jax.random.key(3)
+    for got, want in zip(table_sample(table, limits, 6, rng, stages=True), table_sample(table, limits, 6, rng)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_greedy_follows_the_argmax_and_beam_one_is_greedy():
     table = random_table(10, max_len=6)
     limits = jnp.array([6, 4])
@@ -228,7 +274,8 @@ OPTIONS = {"strategy": "beam", "beam_size": 4, "alpha": 0.6, "beam_variant": "li
 
 @pytest.mark.slow  # compiles the model several times
 @pytest.mark.parametrize("variant", decode.VARIANTS)
-def test_the_models_wide_beam_finds_the_brute_force_best(variant):
+def test_the_models_wide_beam_finds_the_brute_force_best(variant, monkeypatch):
+    monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 2)  # the cache grows from 2 to 4 positions on the way
     params = tiny_params(0)
     inputs = np.array([[4, EOS_ID]])  # input length 2, so outputs may have 2 + 2 = 4 tokens
     candidates = all_outputs(limit=4)
@@ -241,7 +288,8 @@ def test_the_models_wide_beam_finds_the_brute_force_best(variant):
 
 
 @pytest.mark.slow  # compiles the model several times
-def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_argmax():
+def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_argmax(monkeypatch):
+    monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 3)  # the cache grows 3, 6, 10 on the way
     config = dataclasses.replace(TINY, vocab_size=12)
     params = tiny_params(4, config)
     inputs = np.array([[4, 5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID, PAD_ID]])

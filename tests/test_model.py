@@ -18,6 +18,8 @@ from fxformer.model import (
     causal_mask,
     dot_product_attention,
     fused_attention,
+    grow_cache,
+    heads_first,
     segment_mask,
     sinusoid_table,
 )
@@ -143,6 +145,7 @@ def test_cached_decoding_equals_full_forward(variant):
     targets = jnp.array([[9, 10, 11, 12, 13, 3], [4, 5, 6, 3, 0, 0]])
     full = np.asarray(jax.nn.log_softmax(logits_of(config, params, inputs, targets), axis=-1))
     decoding = inference.start_decoding(config, params, inputs, copies=1, max_extra=0)  # room for 7 positions
+    assert decoding.max_len == 7
     cache, previous = decoding.cache, jnp.full((2,), 2)  # BOS
     produced = [i for i in range(config.vocab_size) if i not in (0, 2)]  # the step function rules out PAD, BOS
     for t in range(targets.shape[1]):
@@ -153,6 +156,9 @@ def test_cached_decoding_equals_full_forward(variant):
         if t < 4:
             np.testing.assert_allclose(log_probs[1, produced], full[1, t, produced], atol=1e-5)
         previous = targets[:, t]
+        if t == 2:  # room for more positions half-way changes nothing
+            cache = grow_cache(cache, 11)
+            assert cache["decoder"]["layer_0"]["self_attention"]["cached_key"].shape[2] == 11
 
 
 @pytest.mark.slow  # compiles the model in two dtypes
@@ -203,7 +209,7 @@ def test_the_jax_nn_route_equals_the_hand_written_attention():
     q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
     segmentation = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     mask = segment_mask(segmentation, segmentation) & causal_mask(6)
-    ours = dot_product_attention(q, k, v, mask, lambda w: w)
+    ours = heads_first(dot_product_attention(heads_first(q), heads_first(k), heads_first(v), mask, lambda w: w))
     theirs = fused_attention(q, k, v, mask, "xla")
     real = np.asarray(segmentation, bool)[:, :, None, None]  # padded query rows are discarded anyway
     np.testing.assert_allclose(np.where(real, theirs, 0), np.where(real, ours, 0), atol=1e-5)
