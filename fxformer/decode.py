@@ -26,18 +26,22 @@ Array = jax.Array
 StepFn = Callable[[Array, Any], tuple[Array, Any]]
 GrowFn = Callable[[Any, int], Any]  # (cache, length) -> the cache with room for `length` positions
 VARIANTS = ("live", "t2t")
-FIRST_CACHE_LENGTH = 32
+FIRST_CACHE_LENGTH = 16
 
 
 def cache_lengths(max_len: int) -> list[int]:
-    """The cache lengths a search grows through: doubling from FIRST_CACHE_LENGTH, up to `max_len`.
+    """The cache lengths a search grows through: FIRST_CACHE_LENGTH, then steps of that or a
+    quarter of the length so far (16, 32, 48, 64, 80, 100, 125, ...), up to `max_len`.
 
-    Attention and the beam reorder read a row's whole cache at every step, so while outputs
-    are short a short cache saves most of their cost; each length compiles the loop once more.
+    Attention and the beam reorder read (and the reorder writes) a row's whole cache at every
+    step, so a cache a little longer than the outputs so far saves most of their cost; each
+    length compiles the loop once more.
     """
     lengths = [min(FIRST_CACHE_LENGTH, max_len)]
     while lengths[-1] < max_len:
-        lengths.append(min(2 * lengths[-1], max_len))
+        step = max(FIRST_CACHE_LENGTH, lengths[-1] // 4)
+        following = lengths[-1] + step
+        lengths.append(max_len if following + step // 2 > max_len else following)
     return lengths
 
 

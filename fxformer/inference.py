@@ -265,11 +265,14 @@ def translate_examples(
     what: str | None, seed: int = 0,
 ) -> list[list[tuple[str, float]]]:  # fmt: skip
     """Every example's detokenized translations with their scores, best first, in order
-    (`translate`: a `translator`); progress on stderr as `what` (None: quiet). Sampling uses
-    a key folded from `seed` and the batch's number, so a run repeats exactly."""
+    (`translate`: a `translator`); progress on stderr as `what` (None: quiet). Batches group
+    sources of similar length, longest first, each padded to its own bucket of at most `length`
+    (one compilation per bucket). Sampling uses a key folded from `seed` and the batch's number,
+    so a run repeats exactly."""
     out: list[list[tuple[str, float]]] = [[] for _ in examples]
     batch_size = parallel.round_to_devices(batch_size)
-    batches = list(pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()))
+    process = jax.process_index(), jax.process_count()
+    batches = list(pipeline.eval_batches(examples, batch_size, length, *process, by_length=True))
     start = time.time()
     for i, batch in enumerate(batches):
         inputs = parallel.global_batch(mesh, {"inputs": batch["inputs"]})["inputs"]

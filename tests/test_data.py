@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 from collections import Counter
@@ -85,16 +86,18 @@ def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus):
     assert found == expected
 
 
+@pytest.mark.parametrize("by_length", [False, True])
 @pytest.mark.parametrize("process_count", [1, 2])
-def test_eval_batches_cover_every_example_exactly_once(corpus, process_count):
+def test_eval_batches_cover_every_example_exactly_once(corpus, process_count, by_length):
     config, builder, tokenizer = corpus
     examples = pipeline.tokenize_split(corpora.data_source(builder, "test"), tokenizer, config.data)
     length = pipeline.eval_length(examples, limit=64)
     seen = Counter()
-    num_batches = []
+    num_batches, widths = [], []
     for p in range(process_count):
-        batches = list(pipeline.eval_batches(examples, 12, length, p, process_count))  # 100 = 8 x 12 + 4
+        batches = list(pipeline.eval_batches(examples, 12, length, p, process_count, by_length))  # 100 = 8 x 12 + 4
         num_batches.append(len(batches))
+        widths.append([b["inputs"].shape[1] for b in batches])
         for batch in batches:
             for row, index in enumerate(batch["index"]):
                 assert batch["example_mask"][row] == (index >= 0)
@@ -107,6 +110,13 @@ def test_eval_batches_cover_every_example_exactly_once(corpus, process_count):
                     assert (batch["inputs"][row] == PAD_ID).all()
     assert num_batches == [9] * process_count  # every process runs the same number of steps
     assert seen == Counter(range(len(examples)))
+    assert all(w == widths[0] for w in widths)  # every process pads a batch alike
+    if not by_length:
+        assert widths[0] == [length] * 9
+    else:  # longest first, each batch as long as the power of two (from 16) that holds its longest source
+        lengths = sorted((len(e["inputs"]) for e in examples), reverse=True)
+        want = [min(length, max(16, 2 ** math.ceil(math.log2(lengths[12 * b])))) for b in range(9)]
+        assert widths[0] == want and want[-1] < want[0]
 
 
 def test_same_seed_same_batches_and_another_seed_others(corpus):

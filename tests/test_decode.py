@@ -165,6 +165,14 @@ def test_early_stopping_changes_nothing(variant, seed, alpha):
     np.testing.assert_allclose(np.asarray(early[1]), np.asarray(full[1]), atol=1e-6)
 
 
+def test_cache_lengths_grow_in_steps_of_16_or_a_quarter_and_end_at_the_maximum():
+    assert decode.cache_lengths(7) == [7]
+    assert decode.cache_lengths(82) == [16, 32, 48, 64, 82]  # no stage of two steps at the end
+    lengths = decode.cache_lengths(306)
+    assert lengths[:6] == [16, 32, 48, 64, 80, 100] and lengths[-1] == 306
+    assert all(b - a >= max(16, a // 4) for a, b in zip(lengths, lengths[1:]))
+
+
 @pytest.mark.parametrize(
     "n, k, blocked",
     [(148_000, 4, True), (148_000, 8, True), (4 * 32_000, 3, True), (3 * 50_021, 4, False), (999, 2, False)],
@@ -185,16 +193,16 @@ def test_top_k_in_blocks_equals_lax_top_k_ties_and_infinities_included(n, k, blo
 
 
 def test_searching_in_stages_of_growing_cache_changes_nothing(monkeypatch):
-    """With the cache grown in stages (lengths 1, 2, 4, 6 here), every search gives what one
+    """With the cache grown in stages (lengths 1, 2, ..., 6 here), every search gives what one
     loop over the whole length gives, and stops as early."""
     monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 1)
-    assert decode.cache_lengths(6) == [1, 2, 4, 6] and decode.cache_lengths(1) == [1]
+    assert decode.cache_lengths(6) == [1, 2, 3, 4, 5, 6] and decode.cache_lengths(1) == [1]
     table = jnp.asarray(random_table(7, 6))
     limits = jnp.array([6, 3, 5])
     for variant in decode.VARIANTS:
         GROWN.clear()
         staged = table_beam(table, limits, 6, 3, 0.6, variant, stages=True)
-        assert GROWN == [1, 2, 4, 6]  # traced once per stage
+        assert GROWN == [1, 2, 3, 4, 5, 6]  # traced once per stage
         for got, want in zip(staged, table_beam(table, limits, 6, 3, 0.6, variant)):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     rng = jax.random.key(3)
@@ -289,7 +297,7 @@ def test_the_models_wide_beam_finds_the_brute_force_best(variant, monkeypatch):
 
 @pytest.mark.slow  # compiles the model several times
 def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_argmax(monkeypatch):
-    monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 3)  # the cache grows 3, 6, 10 on the way
+    monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 3)  # the cache grows 3, 6, 9, 10 on the way
     config = dataclasses.replace(TINY, vocab_size=12)
     params = tiny_params(4, config)
     inputs = np.array([[4, 5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID, PAD_ID]])

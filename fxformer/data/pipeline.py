@@ -161,32 +161,45 @@ def references(source, data: ml_collections.ConfigDict, limit: int = 0) -> list[
     return [source[i][data.target_lang].decode("utf-8") for i in range(n)]
 
 
+def length_bucket(longest: int, limit: int) -> int:
+    """A batch's padded length by its longest example: the next power of two from 16, at most `limit`."""
+    return min(limit, max(16, 1 << (longest - 1).bit_length()))
+
+
 def eval_batches(
     examples: list[dict],
     batch_size: int,
     length: int,
     process_index: int = 0,
     process_count: int = 1,
+    by_length: bool = False,
 ) -> Iterator[dict]:
     """This process's part of each global eval batch of `batch_size` examples, padded to `length`.
 
     Every process yields the same number of batches; `example_mask` marks real rows and
     `index` their position in the split (-1 for filler), so each example counts once.
-    Longer examples are truncated to `length` (ending in EOS).
+    Longer examples are truncated to `length` (ending in EOS). With `by_length` (for searches),
+    batches take the examples longest source first, each padded to its `length_bucket` (at most
+    `length`): sentences of similar length end their search together, and short ones are cheap.
     """
     if batch_size % process_count:
         raise UserError(f"eval batch size {batch_size} does not split over {process_count} processes.")
     local = batch_size // process_count
+    order = list(range(len(examples)))
+    if by_length:
+        order.sort(key=lambda i: -len(examples[i]["inputs"]))
     for start in range(0, len(examples), batch_size):
-        batch = {key: np.full((local, length), PAD_ID, np.int32) for key in ("inputs", "targets")}
+        members = order[start : start + batch_size]
+        padded = length
+        if by_length:
+            padded = length_bucket(max(len(examples[i]["inputs"]) for i in members), length)
+        batch = {key: np.full((local, padded), PAD_ID, np.int32) for key in ("inputs", "targets")}
         batch["index"] = np.full((local,), -1, np.int32)
-        for row in range(local):
-            i = start + process_index * local + row
-            if i < len(examples):
-                for key in ("inputs", "targets"):
-                    ids = _truncate(examples[i][key], length)
-                    batch[key][row, : len(ids)] = ids
-                batch["index"][row] = i
+        for row, i in enumerate(members[process_index * local : (process_index + 1) * local]):
+            for key in ("inputs", "targets"):
+                ids = _truncate(examples[i][key], padded)
+                batch[key][row, : len(ids)] = ids
+            batch["index"][row] = i
         batch["example_mask"] = (batch["index"] >= 0).astype(np.float32)
         yield batch
 
