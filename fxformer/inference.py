@@ -176,8 +176,8 @@ class Decoding(NamedTuple):
 
 def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
     """Encode `inputs` [batch, l] once and project every decoder layer's encoder-side keys and
-    values once (the `memory` collection, held by the step function, never reordered); rows are
-    each example repeated `copies` times (beams, samples). The cache starts with room for the
+    values once (the `memory` collection, held by the step function, one per example, never
+    reordered); rows are each example repeated `copies` times (beams, samples). The cache starts with room for the
     first of `decode.cache_lengths(max_len)` positions and is grown as the search goes."""
     model = decoding_model(config)
     segmentation = (inputs != PAD_ID).astype(jnp.int32)
@@ -188,13 +188,13 @@ def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int
         {"params": params}, encoded, segmentation, sizing, method=Transformer.decode, mutable=["cache", "memory"]
     )
     repeat = lambda x: x if x.ndim == 0 else jnp.repeat(x, copies, axis=0)  # noqa: E731
-    memory = jax.tree.map(repeat, variables["memory"])
-    encoded_rows, segmentation_rows = repeat(encoded), repeat(segmentation)
+    memory = variables["memory"]  # one per example, shared by its rows
+    segmentation_rows = repeat(segmentation)
 
     def step(tokens: Array, cache) -> tuple[Array, Any]:
         logits, updated = model.apply(
             {"params": params, "memory": memory, "cache": cache},
-            encoded_rows,
+            encoded,  # unused once the memory is projected
             segmentation_rows,
             tokens[:, None],
             method=Transformer.decode,

@@ -243,7 +243,8 @@ class MultiHeadAttention(nn.Module):
     self-attention) appends each position's key and value to the `cache` collection, sized by
     the first call's length (what a beam search reorders); "memory" (encoder-decoder attention)
     projects the encoder output once, on the first call, into the `memory` collection and
-    reuses it (the same for every step and beam).
+    reuses it (the same for every step and beam); a memory of fewer rows than the queries'
+    serves each example's consecutive rows (its beams or samples).
     """
 
     config: TransformerConfig
@@ -266,19 +267,25 @@ class MultiHeadAttention(nn.Module):
         if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
             heads = fused_attention(query, *project_kv(), mask, "cudnn")
         else:
+            copies = 1  # rows per example that share one memory (beams, samples)
             if c.decode and self.cache == "memory":
                 if not self.has_variable("memory", "key"):
                     key, value = project_kv()
                     self.put_variable("memory", "key", heads_first(key))
                     self.put_variable("memory", "value", heads_first(value))
                 key, value = self.get_variable("memory", "key"), self.get_variable("memory", "value")
+                copies = b // key.shape[0]
             else:
                 key, value = map(heads_first, project_kv())
             if c.decode and self.cache == "steps":
                 key, value, mask = self._extend_cache(key, value, mask)
             dropout = nn.Dropout(c.attention_dropout_rate)
+            # An example's rows attend to its memory as that many queries: the memory is read
+            # once per example, not once per beam. Rows are example-major (i * copies + j).
+            query = query.reshape(b // copies, copies * q_len, c.num_heads, c.d_k)
+            mask = mask[::copies]  # the same for every copy of an example
             heads = dot_product_attention(heads_first(query), key, value, mask, lambda w: dropout(w, deterministic))
-            heads = heads_first(heads)  # back to [b, q, h, d_v]
+            heads = heads_first(heads).reshape(b, q_len, c.num_heads, c.d_v)  # back to [b, q, h, d_v]
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return dense(c.d_model, "out")(heads)
 
