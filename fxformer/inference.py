@@ -177,8 +177,9 @@ class Decoding(NamedTuple):
 def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
     """Encode `inputs` [batch, l] once and project every decoder layer's encoder-side keys and
     values once (the `memory` collection, held by the step function, one per example, never
-    reordered); rows are each example repeated `copies` times (beams, samples). The cache starts with room for the
-    first of `decode.cache_lengths(max_len)` positions and is grown as the search goes."""
+    reordered); rows are each example repeated `copies` times (beams, samples). The cache
+    starts with room for the first of `decode.cache_lengths(max_len)` positions and is grown
+    as the search goes."""
     model = decoding_model(config)
     segmentation = (inputs != PAD_ID).astype(jnp.int32)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)

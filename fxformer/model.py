@@ -285,7 +285,7 @@ class MultiHeadAttention(nn.Module):
             query = query.reshape(b // copies, copies * q_len, c.num_heads, c.d_k)
             mask = mask[::copies]  # the same for every copy of an example
             heads = dot_product_attention(heads_first(query), key, value, mask, lambda w: dropout(w, deterministic))
-            heads = heads_first(heads).reshape(b, q_len, c.num_heads, c.d_v)  # back to [b, q, h, d_v]
+            heads = heads_first(heads)  # [b / copies, copies x q, h, d_v]: the rows' order, as below
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return dense(c.d_model, "out")(heads)
 
