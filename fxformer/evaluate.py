@@ -30,8 +30,8 @@ def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log
     """(the split's records, how many are used, their reference translations)."""
     data = config.data
     source = corpora.data_source(corpora.prepare(data, log=log), split)
-    n = len(source) if limit <= 0 else min(limit, len(source))
-    return source, n, pipeline.references(source, data, n)
+    references = pipeline.references(source, data, limit)  # the first `limit` if > 0
+    return source, len(references), references
 
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
