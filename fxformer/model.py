@@ -280,11 +280,18 @@ class MultiHeadAttention(nn.Module):
             if c.decode and self.cache == "steps":
                 key, value, mask = self._extend_cache(key, value, mask)
             dropout = nn.Dropout(c.attention_dropout_rate)
+
+            def drop(weights: Array) -> Array:  # [b, h, q, k], after the softmax
+                # Kept for fxformer.attention only when asked (apply(..., mutable=["intermediates"]));
+                # otherwise sow does nothing, so training and decoding are unchanged.
+                self.sow("intermediates", "attention_weights", weights)
+                return dropout(weights, deterministic)
+
             # An example's rows attend to its memory as that many queries: the memory is read
             # once per example, not once per beam. Rows are example-major (i * copies + j).
             query = query.reshape(b // copies, copies * q_len, c.num_heads, c.d_k)
             mask = mask[::copies]  # the same for every copy of an example
-            heads = dot_product_attention(heads_first(query), key, value, mask, lambda w: dropout(w, deterministic))
+            heads = dot_product_attention(heads_first(query), key, value, mask, drop)
             heads = heads_first(heads)  # [b / copies, copies x q, h, d_v]: the rows' order, as below
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return dense(c.d_model, "out")(heads)

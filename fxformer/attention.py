@@ -1,0 +1,413 @@
+"""What the heads of a trained run attend to, as the paper's appendix shows it (Figures 3 to 5).
+
+    python -m fxformer.attention --workdir=runs/default --source="The man who sees the dog sleeps."
+    python -m fxformer.attention --workdir=runs/base --average_last=5 --source="..." --target="..." --json
+    python -m fxformer.attention --workdir=runs/default --source="..." --view=lines --layer=2 --head=all
+
+The weights are those of the teacher-forced pass on (source, target), dropout off, as in
+training: every layer and head of encoder self-attention, decoder self-attention and
+encoder-decoder attention. Without --target the model's own translation is printed and used:
+the search `fxformer.translate` runs, with the same checkpoint choice and --config.decode.*
+settings. Layers and heads are numbered from 1, as in the paper ("layer 5 of 6").
+
+Writes into W/attention/<name>/ only (--name, else the source's first words and the checkpoint):
+  encoder.png decoder.png cross.png   a heatmap per layer (rows of panels) and head (columns);
+                                      in a panel each row is a query, each column a key
+  lines-<kind>-layer<L>-<head>.png    Figure 3's view: the tokens in two columns, a line from each
+                                      query (left) to each key (right), opacity = weight (under 0.1 left
+                                      out), a colour a head
+  summary.json                        per head: the entropy of its attention and where it looks most
+  weights.json (with --json)          the weights themselves, per kind, layer and head, with the tokens
+Decoder positions are labelled by the token they read (`<s>` first) in decoder self-attention,
+and by the token they predict in encoder-decoder attention. In a notebook:
+`run = attention.restore("runs/default"); w = attention.weights(run, "The dog sleeps.")`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fxformer import checkpoint, cli, inference, paths, trainstate
+from fxformer.errors import UserError
+from fxformer.evaluate import inference_parser, parse_inference_args
+from fxformer.model import Transformer, TransformerConfig
+
+KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
+AXES = {  # (queries, keys) of each kind, as the figures name them
+    "encoder": ("source wordpiece", "source wordpiece"),
+    "decoder": ("decoder position (the token it reads)", "decoder position (the token it reads)"),
+    "cross": ("decoder position (the token it predicts)", "source wordpiece"),
+}
+MIN_LINE = 0.1  # the line view leaves out weaker weights: a diffuse head would grey the whole figure
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    """The attention weights of one sentence pair: float32 arrays [layers, heads, queries, keys]."""
+
+    source: str
+    target: str
+    translated: bool  # the target is the model's own translation
+    source_tokens: list[str]  # the source's wordpieces, then </s>
+    decoder_inputs: list[str]  # <s>, then the target's wordpieces: what each decoder position reads
+    target_tokens: list[str]  # the target's wordpieces, then </s>: what each decoder position predicts
+    encoder: np.ndarray  # [N, h, source, source]
+    decoder: np.ndarray  # [N, h, target, target]
+    cross: np.ndarray  # [N, h, target, source]
+
+    def of(self, kind: str) -> np.ndarray:
+        return getattr(self, kind)
+
+    def axes(self, kind: str) -> tuple[list[str], list[str]]:
+        """The tokens that label the (queries, keys) of `kind`."""
+        return {
+            "encoder": (self.source_tokens, self.source_tokens),
+            "decoder": (self.decoder_inputs, self.decoder_inputs),
+            "cross": (self.target_tokens, self.source_tokens),
+        }[kind]
+
+    def to_json(self) -> dict:
+        """Tokens and weights as plain lists: weights[kind][layer][head][query][key], layer and head from 0."""
+        return {
+            "source": self.source, "target": self.target, "translated": self.translated,
+            "tokens": {"source": self.source_tokens, "decoder_inputs": self.decoder_inputs,
+                       "targets": self.target_tokens},
+            "axes": {"encoder": ["source", "source"], "decoder": ["decoder_inputs", "decoder_inputs"],
+                     "cross": ["targets", "source"]},
+            "weights": {kind: np.round(self.of(kind).astype(np.float64), 7).tolist() for kind in KINDS},
+        }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The weights
+
+
+def attention_weights(config: TransformerConfig, params, inputs, targets) -> dict[str, jax.Array]:
+    """kind -> [batch, N, h, queries, keys]: the post-softmax weights of every layer and head in
+    the teacher-forced pass of `inputs` [b, s] and `targets` [b, t] (PAD_ID-padded), dropout off.
+    The model's attention sows them (`MultiHeadAttention`, collection `intermediates`)."""
+    # the hand-written attention: cuDNN's fused kernel never forms the weights
+    model = Transformer(dataclasses.replace(config, attention_impl="xla", decode=False))
+    apply = jax.jit(lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"])[1])
+    sown = apply(params, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32))["intermediates"]
+
+    def stack(side: str, sublayer: str) -> jax.Array:
+        layers = [sown[side][f"layer_{i}"][sublayer]["attention_weights"][0] for i in range(config.num_layers)]
+        return jnp.stack(layers, axis=1)
+
+    return {
+        "encoder": stack("encoder", "self_attention"),
+        "decoder": stack("decoder", "self_attention"),
+        "cross": stack("decoder", "cross_attention"),
+    }
+
+
+def restore(
+    workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, overrides=(), log=print
+) -> inference.Restored:
+    """`inference.restore`, writing nothing into the workdir: an average of the last k checkpoints
+    that evaluate or translate has not saved under `W/averaged/` yet is computed in memory only."""
+    workdir = paths.Workdir(workdir)
+    if step:
+        return inference.restore(workdir, step, 0, overrides, log)
+    k = average_last or trainstate.load_workdir_config(workdir).average_last
+    chosen = checkpoint.complete_steps(workdir.checkpoints)[-k:]
+    if len(chosen) < 2 or (workdir.averaged(len(chosen)) / str(chosen[-1])).exists():
+        return inference.restore(workdir, step, average_last, overrides, log)  # one checkpoint, or a saved average
+    run = inference.restore(workdir, chosen[-1], 0, overrides, log)  # config, model and tokenizer
+    if len(chosen) < k:
+        log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
+    log(f"averaging the parameters of steps {chosen} (in memory)")
+    _, _, abstract_state = trainstate.build(run.config, run.tokenizer.vocab_size, run.mesh)
+    with checkpoint.manager(workdir.checkpoints, asynchronous=False) as mngr:
+        params = checkpoint.average_params(mngr, chosen, abstract_state)
+    return dataclasses.replace(run, params=params, steps=chosen)
+
+
+def translation(run: inference.Restored, source: str, log=print) -> str:
+    """The best translation of `source`, found as `fxformer.translate` finds it: the run's decode
+    section, checkpoint(s), batch size and padded length."""
+    section = run.config.decode
+    examples = [{"inputs": run.tokenizer.encode(source), "targets": run.tokenizer.encode("")}]
+    length = inference.source_length(examples, run.model, section.max_extra, log)
+    found = inference.translate_examples(
+        inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer,
+        run.config.data.eval_batch_size, length, run.mesh, None, section.seed,
+    )  # fmt: skip
+    return found[0][0][0]
+
+
+def check_sentences(source: str, target: str | None) -> None:
+    """Refuse an empty source, or an empty target given as such (None: the model's own)."""
+    if not source.strip():
+        raise UserError("The source sentence is empty; give one with --source.")
+    if target is not None and not target.strip():
+        raise UserError("The target sentence is empty; give a translation, or leave --target out to use the model's.")
+
+
+def check_length(what: str, n: int, limit: int, why: str) -> None:
+    if n > limit:
+        raise UserError(
+            f"The {what} has {n} wordpieces (with the end-of-sentence mark) but this model takes at most {limit} "
+            f"({why}); give a shorter sentence."
+        )
+
+
+def weights(run: inference.Restored, source: str, target: str | None = None, log=print) -> Weights:
+    """Every attention weight of the restored `run` (`restore`) on `source` and `target`
+    (None: the model's own translation), with the wordpieces that label them. Unknown
+    characters become the tokenizer's <unk>, as in training."""
+    check_sentences(source, target)
+    c, tokenizer = run.model.config, run.tokenizer
+    source_ids = tokenizer.encode(source)
+    translated = target is None
+    if translated:  # as translate does, but refused rather than cut: the figures show the whole sentence
+        extra = run.config.decode.max_extra
+        why = f"model.max_len {c.max_len} less decode.max_extra {extra} for its translation"
+        check_length("source", len(source_ids), c.max_len - extra, why)
+        target = translation(run, source, log)
+    else:
+        check_length("source", len(source_ids), c.max_len, f"model.max_len {c.max_len}")
+    target_ids = tokenizer.encode(target)
+    check_length("target", len(target_ids), c.max_len, f"model.max_len {c.max_len}")
+    found = jax.device_get(attention_weights(c, run.params, source_ids[None], target_ids[None]))
+    pieces = [tokenizer.sp.id_to_piece(int(i)) for i in target_ids]
+    return Weights(
+        source=source, target=target, translated=translated,
+        source_tokens=[tokenizer.sp.id_to_piece(int(i)) for i in source_ids],
+        decoder_inputs=[tokenizer.sp.id_to_piece(tokenizer.sp.bos_id()), *pieces[:-1]], target_tokens=pieces,
+        **{kind: np.asarray(a[0], np.float32) for kind, a in found.items()},
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# A summary of each head
+
+
+def place(kind: str, query: int, key: int, num_keys: int) -> str:
+    """Words for where a query's strongest key lies: the sentence's end or start, or an offset."""
+    if kind != "decoder" and key == num_keys - 1:
+        return "end of sentence"  # the source's </s>
+    if kind == "decoder" and key == 0:
+        return "start of sentence"  # <s>
+    offset = key - query
+    names = {0: "same position"} if kind == "cross" else {0: "self", -1: "previous token", 1: "next token"}
+    return names.get(offset, f"{-offset} back" if offset < 0 else f"{offset} ahead")
+
+
+def summary(w: Weights) -> list[dict]:
+    """Per kind, layer and head (from 1): the mean entropy of its queries' attention in bits, and
+    the place (`place`) most of its queries attend to most, with the share of queries that do."""
+    rows = []
+    for kind in KINDS:
+        a = w.of(kind).astype(np.float64)  # [N, h, q, k]
+        logs = np.log2(np.where(a > 0, a, 1.0))  # masked keys (weight 0) add nothing
+        entropy = -(a * logs).sum(-1).mean(-1)  # [N, h]
+        for layer in range(a.shape[0]):
+            for head in range(a.shape[1]):
+                strongest = a[layer, head].argmax(-1)
+                places = collections.Counter(place(kind, i, int(j), a.shape[-1]) for i, j in enumerate(strongest))
+                most, count = places.most_common(1)[0]
+                rows.append({"kind": kind, "layer": layer + 1, "head": head + 1,
+                             "entropy_bits": round(float(entropy[layer, head]), 4), "attends_most_to": most,
+                             "share": round(count / len(strongest), 4)})  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The summary as aligned text, one head a line."""
+    lines = [f"{'attention':<26} {'layer':>5} {'head':>4} {'entropy':>8}  attends most to (share of queries)"]
+    for r in rows:
+        lines.append(
+            f"{KINDS[r['kind']]:<26} {r['layer']:>5} {r['head']:>4} {r['entropy_bits']:>6.2f} b  "
+            f"{r['attends_most_to']} ({r['share']:.0%})"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: paths.PathLike, dpi: float) -> None:
+    """The figure as a PNG at `path` (a local path or a URL)."""
+    with paths.as_path(path).open("wb") as f:
+        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+def fitting_dpi(fig, dpi: float, most: int = 16000) -> float:
+    """`dpi`, lowered if the figure would be wider or taller than `most` pixels."""
+    return min(dpi, most / max(fig.get_size_inches()))
+
+
+def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 100) -> None:
+    """One heatmap per layer (rows) and head (columns), wordpieces on the outer panels' axes,
+    weights from 0 (white) to 1 (dark) on one scale for every panel."""
+    plt = pyplot()
+    a = w.of(kind)
+    layers, heads, q, k = a.shape
+    queries, keys = w.axes(kind)
+    cell = max(0.14, 1.4 / max(q, k))  # inches a wordpiece (7.5 pt labels), panels at least 1.4 in
+    font = min(9.0, 72 * cell * 0.75)
+    fig, axes = plt.subplots(
+        layers, heads, figsize=(heads * k * cell + 1.5, layers * q * cell + 1.0), squeeze=False,
+        gridspec_kw={"wspace": 0.06, "hspace": 0.06},
+    )  # fmt: skip
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer, head]
+            image = ax.imshow(a[layer, head], cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_xticks(range(k), keys if layer == layers - 1 else [], rotation=90, fontsize=font)
+            ax.set_yticks(range(q), queries if head == 0 else [], fontsize=font)
+            ax.tick_params(length=0, pad=1)
+            if layer == 0:
+                ax.set_title(f"head {head + 1}", fontsize=9)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer + 1}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=min(0.6, 3.0 / layers), pad=0.01, label="attention weight")
+    fig.suptitle(f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}", fontsize=10)
+    save(fig, path, fitting_dpi(fig, dpi))
+
+
+def lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.PathLike, title: str, dpi=100) -> None:
+    """Figure 3's view of one layer (from 1): queries in the left column, keys in the right, a line
+    from each query to each key whose opacity is the weight (from `MIN_LINE`), one colour a head."""
+    plt = pyplot()
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Patch
+
+    a = w.of(kind)[layer - 1]  # [h, q, k]
+    queries, keys = w.axes(kind)
+    n = max(len(queries), len(keys))
+    y = lambda count: -np.arange(count) - (n - count) / 2  # noqa: E731  (top to bottom, centred)
+    palette = plt.get_cmap("tab10" if a.shape[0] <= 10 else "hsv", max(a.shape[0], 1))
+    segments, colours = [], []
+    for head in heads:
+        r, g, b, _ = palette(head - 1)
+        for i, j in zip(*np.nonzero(a[head - 1] >= MIN_LINE)):
+            segments.append([(0.0, y(len(queries))[i]), (1.0, y(len(keys))[j])])
+            colours.append((r, g, b, float(a[head - 1, i, j])))
+    fig, ax = plt.subplots(figsize=(5.0, 0.22 * n + 1.2))
+    ax.add_collection(LineCollection(segments, colors=colours, linewidths=1.6))
+    for x, tokens, align in ((-0.04, queries, "right"), (1.04, keys, "left")):
+        for pos, token in zip(y(len(tokens)), tokens):
+            ax.text(x, pos, token, ha=align, va="center", fontsize=9)
+    ax.set_xlim(-0.75, 1.75)
+    ax.set_ylim(-n + 0.5, 0.5)
+    ax.axis("off")
+    which = f"head {heads[0]}" if len(heads) == 1 else "all heads"
+    ax.set_title(f"{KINDS[kind]}, layer {layer} of {w.of(kind).shape[0]}, {which}\n({title})", fontsize=9)
+    if len(heads) > 1:
+        handles = [Patch(color=palette(h - 1), label=f"head {h}") for h in heads]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(heads), 8),
+                  fontsize=7, frameon=False)  # fmt: skip
+    save(fig, path, fitting_dpi(fig, dpi))
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def default_name(source: str, steps: list[int], step: int | str) -> str:
+    """A folder name from the source's first words and the checkpoint(s): `the-man-who-sees-600`."""
+    words = "-".join(re.findall(r"\w+", source.lower())[:6]) or "sentence"
+    name = f"{words}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
+    return name + ("-best" if step == "best" else "")
+
+
+def heads_of(flag: str, num_heads: int) -> list[int]:
+    """--head: a number from 1, or all."""
+    if flag == "all":
+        return list(range(1, num_heads + 1))
+    if not flag.isdigit() or not 1 <= int(flag) <= num_heads:
+        raise UserError(f"--head={flag} does not exist: this model has {num_heads} heads a layer (1 to {num_heads}), "
+                        "or give --head=all.")  # fmt: skip
+    return [int(flag)]
+
+
+def main() -> None:
+    p = inference_parser(__doc__, "fxformer.attention")
+    p.add_argument("--source", required=True, help="the source sentence")
+    p.add_argument("--target", default=None, help="its translation (default: the model's own, printed)")
+    p.add_argument("--name", default="", help="the folder under W/attention/ (default: the source's first words)")
+    p.add_argument("--view", default="all", choices=("all", "grid", "lines"),
+                   help="the grids, the line view, or both (default); the summary always")  # fmt: skip
+    p.add_argument("--kind", default="encoder", choices=tuple(KINDS), help="the attention the line view shows")
+    p.add_argument("--layer", type=int, default=None, help="the line view's layer, from 1 (default: the last but one)")
+    p.add_argument("--head", default="all", help="the line view's head, from 1, or all (default)")
+    p.add_argument("--json", action="store_true", help="also write the weights themselves (weights.json)")
+    p.add_argument("--dpi", type=float, default=100, help="resolution of the PNG files (default: 100)")
+    args = parse_inference_args(p)
+    log = cli.log_to_stderr
+
+    config = trainstate.load_workdir_config(args.workdir)  # layers and heads checked before any restore
+    num_layers, num_heads = config.model.num_layers, config.model.num_heads
+    layer = max(1, num_layers - 1) if args.layer is None else args.layer
+    if not 1 <= layer <= num_layers:
+        raise UserError(f"--layer={layer} does not exist: this model has {num_layers} layers (1 to {num_layers}).")
+    heads = heads_of(args.head, num_heads)
+    if args.name and (not re.fullmatch(r"[\w.-]+", args.name) or args.name in (".", "..")):
+        raise UserError(f"--name={args.name} is not a plain folder name; use letters, digits, '-', '_' and '.'.")
+    check_sentences(args.source, args.target)
+    parent = paths.Workdir(args.workdir).root / "attention"
+    paths.check_writable(parent, "the figures are written")
+
+    run = restore(args.workdir, args.step, args.average_last, args.overrides, log)
+    w = weights(run, args.source, args.target, log)
+    if w.translated:
+        print(f"translation: {w.target}")
+    rows = summary(w)
+    if jax.process_index() == 0:
+        out = parent / (args.name or default_name(args.source, run.steps, args.step))
+        steps = run.steps
+        title = f"{'best ' if args.step == 'best' else ''}checkpoint step {steps[-1]}"
+        title += f", average of {len(steps)}" if len(steps) > 1 else ""
+        written = write(w, rows, out, args.view, (args.kind, layer, heads), title, steps, args.dpi, args.json)
+        print(table(rows))
+        print(f"written in {out}: {', '.join(written)}")
+
+
+def write(
+    w: Weights, rows: list[dict], out, view: str, line_view: tuple, title: str, steps: list[int], dpi: float,
+    weights_too: bool,
+) -> list[str]:  # fmt: skip
+    """The figures `view` asks for (`line_view`: kind, layer, heads), summary.json and (`weights_too`)
+    weights.json in the directory `out`, made if needed; the names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if view in ("all", "grid"):
+        for kind in KINDS:
+            grid(w, kind, out / f"{kind}.png", title, dpi)
+            written.append(f"{kind}.png")
+    if view in ("all", "lines"):
+        kind, layer, heads = line_view
+        name = f"lines-{kind}-layer{layer}-{'all' if len(heads) > 1 else f'head{heads[0]}'}.png"
+        lines(w, kind, layer, heads, out / name, title, dpi)
+        written.append(name)
+    about = {"source": w.source, "target": w.target, "translated": w.translated, "checkpoint_steps": steps}
+    paths.write_atomic(out / "summary.json", json.dumps({**about, "heads": rows}, indent=1) + "\n")
+    written.append("summary.json")
+    if weights_too:
+        paths.write_atomic(out / "weights.json", json.dumps({**w.to_json(), "checkpoint_steps": steps}) + "\n")
+        written.append("weights.json")
+    return written
+
+if __name__ == "__main__":
+    cli.run(main)
