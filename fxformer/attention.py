@@ -1,6 +1,6 @@
 """What the heads of a trained run attend to, as the paper's appendix shows it (Figures 3 to 5).
 
-    python -m fxformer.attention --workdir=runs/default --source="The man who sees the dog sleeps."
+    python -m fxformer.attention --workdir=runs/default --source="The woman has seen the man who loves the dog."
     python -m fxformer.attention --workdir=runs/base --average_last=5 --source="..." --target="..." --json
     python -m fxformer.attention --workdir=runs/default --source="..." --view=lines --layer=2 --head=all
 
@@ -63,6 +63,7 @@ class Weights:
     cross: np.ndarray  # [N, h, target, source]
 
     def of(self, kind: str) -> np.ndarray:
+        """The weights of `kind` (a key of `KINDS`)."""
         return getattr(self, kind)
 
     def axes(self, kind: str) -> tuple[list[str], list[str]]:
@@ -153,6 +154,7 @@ def check_sentences(source: str, target: str | None) -> None:
 
 
 def check_length(what: str, n: int, limit: int, why: str) -> None:
+    """Refuse a sentence of `n` wordpieces beyond `limit` (`why` says where the limit comes from)."""
     if n > limit:
         raise UserError(
             f"The {what} has {n} wordpieces (with the end-of-sentence mark) but this model takes at most {limit} "
@@ -237,6 +239,7 @@ def table(rows: list[dict]) -> str:
 
 
 def pyplot():
+    """matplotlib.pyplot drawing into files (imported only when figures are made)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
@@ -266,14 +269,16 @@ def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 1
     queries, keys = w.axes(kind)
     cell = max(0.14, 1.4 / max(q, k))  # inches a wordpiece (7.5 pt labels), panels at least 1.4 in
     font = min(9.0, 72 * cell * 0.75)
-    fig, axes = plt.subplots(
-        layers, heads, figsize=(heads * k * cell + 1.5, layers * q * cell + 1.0), squeeze=False,
-        gridspec_kw={"wspace": 0.06, "hspace": 0.06},
-    )  # fmt: skip
+    gap, left, right, bottom, top = 0.12, 1.0, 1.0, 1.0, 0.7  # inches; labels beyond are kept by savefig
+    width = left + heads * k * cell + (heads - 1) * gap + right
+    height = bottom + layers * q * cell + (layers - 1) * gap + top
+    fig, axes = plt.subplots(layers, heads, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        wspace=gap / (k * cell), hspace=gap / (q * cell))  # square cells, panels close together
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
-            image = ax.imshow(a[layer, head], cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+            image = ax.imshow(a[layer, head], cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
             ax.set_xticks(range(k), keys if layer == layers - 1 else [], rotation=90, fontsize=font)
             ax.set_yticks(range(q), queries if head == 0 else [], fontsize=font)
             ax.tick_params(length=0, pad=1)
@@ -281,8 +286,11 @@ def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 1
                 ax.set_title(f"head {head + 1}", fontsize=9)
             if head == 0:
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=9)
-    fig.colorbar(image, ax=axes, shrink=min(0.6, 3.0 / layers), pad=0.01, label="attention weight")
-    fig.suptitle(f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}", fontsize=10)
+    bar_height = min(2.5, height - bottom - top)
+    bar = fig.add_axes((1 - (right - 0.15) / width, bottom / height, 0.12 / width, bar_height / height))
+    fig.colorbar(image, cax=bar, label="attention weight")
+    fig.suptitle(f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}", fontsize=10,
+                 y=1 - 0.08 / height, va="top")  # fmt: skip
     save(fig, path, fitting_dpi(fig, dpi))
 
 

@@ -15,7 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import FakeBucket, env_with_devices, small_config
+from etils import epath
+from test_paths import fake_gcs  # noqa: F401  (a fixture)
 
+from configs import table3
 from fxformer import attention, exitcodes, inference, parallel
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
@@ -300,3 +303,35 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], result.stderr
     assert not (empty / "attention").exists() and not (eight_device_workdir / "attention").exists()
+
+
+@pytest.mark.slow  # restores a trained run in-process
+def test_a_gs_workdir_gets_its_figures_in_the_bucket(eight_device_workdir, fake_gcs, tmp_path, monkeypatch, capsys):  # noqa: F811
+    bucket = epath.Path("gs://bucket/w")
+    for name in ("config.json", "tokenizer.model"):
+        (bucket / name).write_bytes((eight_device_workdir / name).read_bytes())
+    (bucket / "checkpoints").mkdir(parents=True)
+    shutil.copytree(eight_device_workdir / "checkpoints", tmp_path / "mirror" / "bucket" / "w" / "checkpoints")
+    monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
+    monkeypatch.setattr(sys, "argv", ["attention", "--workdir=gs://bucket/w", "--step=20", f"--source={SOURCE}",
+                                      "--name=n", "--json"])  # fmt: skip
+    attention.main()
+    translated = capsys.readouterr().out.splitlines()[0].removeprefix("translation: ")
+    written = {key.removeprefix("bucket/w/attention/n/") for key in FakeBucket.store if "/attention/" in key}
+    assert written == {"encoder.png", "decoder.png", "cross.png", "lines-encoder-layer1-all.png", "summary.json",
+                       "weights.json"}  # fmt: skip
+    assert json.loads((bucket / "attention" / "n" / "weights.json").read_text())["target"] == translated
+    assert fake_gcs == ["gs://bucket/w/checkpoints"] and not list(tmp_path.rglob("gs:*"))
+
+@pytest.mark.slow  # traces 20 models (shapes only)
+def test_every_table3_row_gives_weights_of_its_layers_heads_and_lengths():
+    inputs, targets = np.ones((1, 7), np.int32), np.ones((1, 5), np.int32)
+    for row in table3.ROWS:
+        config = TransformerConfig.from_config(table3.get_config(row).model, vocab_size=37)
+        params = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, targets)["params"]
+        if row == "base":  # the fused kernel never forms the weights: the reference attention is used
+            config = dataclasses.replace(config, attention_impl="cudnn")
+        got = jax.eval_shape(functools.partial(attention.attention_weights, config), params, inputs, targets)
+        n, h = config.num_layers, config.num_heads
+        assert {kind: a.shape for kind, a in got.items()} == {
+            "encoder": (1, n, h, 7, 7), "decoder": (1, n, h, 5, 5), "cross": (1, n, h, 5, 7)}, row  # fmt: skip
