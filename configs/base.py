@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
 
     config.data = ml_collections.ConfigDict()
-    config.data.dataset = "wmt14_translate/de-en"  # TFDS name; "embedded" or "text" for the others
+    config.data.dataset = "wmt14_translate/de-en"  # TFDS name; "embedded", "embedded2" or "text" for the others
     config.data.source_lang = "en"
     config.data.target_lang = "de"
     config.data.tfds_data_dir = ""  # TFDS data directory ("" = TFDS default, ~/tensorflow_datasets)

@@ -81,10 +81,10 @@ def main() -> None:
     )
 
     print(f"({time.time() - start:.0f}s)")
-    if data.dataset != "embedded":  # IBM Model 1's dense table does not fit a real vocabulary
+    if data.dataset not in corpora.EMBEDDED:  # IBM Model 1's dense table does not fit a real vocabulary
         print(
             f"baseline sacreBLEU ({data.test_split}): not computed "
-            "(the word-by-word baseline is for the embedded corpus)"
+            "(the word-by-word baseline is for the embedded corpora)"
         )
         return
     train, test = sources[data.train_split], sources[data.test_split]

@@ -23,11 +23,16 @@ Grammar (English order; German order and morphology in brackets)::
                 dative after mit/in/auf/unter/hinter/neben/zu, accusative after directional "in");
                 strong/weak/mixed adjective endings, dative plural -n, weak nouns ("den Jungen"),
                 contractions im/ins/zum/zur.
+
+The renderers take their words from a ``Lexicon`` (``LEXICON`` here) and can also render a PP or
+a relative clause inside a noun phrase ("der Mann mit dem Hund", "der Mann, der schläft,"),
+which this grammar never samples: grammar v2 (``grammar2.py``) renders with them.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +142,25 @@ know knows known wissen weiß gewusst haben that p -
 believe believes believed glauben glaubt geglaubt haben that p -
 """
 
+
+@dataclass(frozen=True)
+class Adjective:
+    """An adjective: English form, German stem (endings are added by agreement) and noun kinds it may modify."""
+
+    en: str
+    de: str
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    """The words a renderer may use, keyed as structures name them (``NP.head``, ``Clause.verb``, ``NP.adj``)."""
+
+    nouns: dict[str, Noun]
+    verbs: dict[str, Verb]
+    adjectives: dict[str, Adjective]
+
+
 _SUBJECT_KINDS = {"p": ("person",), "a": ("person", "animal")}
 
 
@@ -221,6 +245,7 @@ ADVERBIALS = {
 PRESENT_ONLY_ADVERBIALS = ("tomorrow", "every day")
 CONJUNCTIONS = {"because": "weil", "although": "obwohl", "while": "während", "when": "wenn", "before": "bevor"}
 AUX = {"haben": {"3sg": "hat", "pl": "haben"}, "sein": {"3sg": "ist", "pl": "sind"}}
+LEXICON = Lexicon(NOUNS, VERBS, {en: Adjective(en, de, kinds) for en, (de, kinds) in ADJECTIVES.items()})
 
 # German endings indexed [case][m, f, n, plural]
 _GENDER_INDEX = {"m": 0, "f": 1, "n": 2, "p": 3}
@@ -252,15 +277,19 @@ DETERMINERS = {
 
 @dataclass(frozen=True)
 class NP:
-    """Noun phrase: ``head`` is an English noun (singular) or a subject pronoun.
+    """Noun phrase: ``head`` is a noun key (the English singular in v1) or a subject pronoun.
 
-    ``det`` is a key of DETERMINERS, a number word (plural) or "" (bare plural).
+    ``det`` is a key of DETERMINERS, a number word (plural) or "" (bare plural).  ``pp`` and
+    ``rel`` modify the noun in place ("the man with the dog", "the man who sleeps"; German
+    "der Mann, der schläft,"); v1's sampler sets neither (grammar2's does).
     """
 
     head: str
     det: str = "the"
     plural: bool = False
     adj: str | None = None
+    pp: PP | None = None
+    rel: Clause | None = None  # "who ..." clause about the noun, kept next to it in German too
 
     @property
     def is_plural(self) -> bool:
@@ -313,30 +342,34 @@ class Sentence:
 # ---------------------------------------------------------------------------------------------
 
 
-def _en_np(np: NP) -> list[str]:
+def _en_np(np: NP, lex: Lexicon = LEXICON) -> list[str]:
     """English words of a noun phrase."""
     if np.head in PRONOUNS:
         return [np.head]
-    noun = NOUNS[np.head]
-    words = ([np.adj] if np.adj else []) + [noun.en_pl if np.is_plural else noun.en]
-    if np.det == "":
-        return words
+    noun = lex.nouns[np.head]
+    words = ([lex.adjectives[np.adj].en] if np.adj else []) + [noun.en_pl if np.is_plural else noun.en]
     if np.det in NUMBERS:
-        return [np.det] + words
-    det = DETERMINERS[np.det][0] if np.is_plural else np.det
-    if det == "a" and words[0][0] in "aeiou":
-        det = "an"
-    return [det] + words
+        words = [np.det] + words
+    elif np.det != "":
+        det = DETERMINERS[np.det][0] if np.is_plural else np.det
+        if det == "a" and words[0][0] in "aeiou":
+            det = "an"
+        words = [det] + words
+    if np.pp:
+        words += np.pp.prep.split() + _en_np(np.pp.np, lex)
+    if np.rel:
+        words += _en_clause(np.rel, antecedent=np, lex=lex)
+    return words
 
 
-def _en_clause(c: Clause, question: bool = False, antecedent: NP | None = None) -> list[str]:
+def _en_clause(c: Clause, question: bool = False, antecedent: NP | None = None, lex: Lexicon = LEXICON) -> list[str]:
     """English words of a clause (declarative or yes/no question order)."""
-    verb = VERBS[c.verb]
+    verb = lex.verbs[c.verb]
     agr = (antecedent or c.subject).agreement()
     if c.subject is None:
-        subject = ["who" if NOUNS[antecedent.head].kind == "person" else "that"]
+        subject = ["who" if lex.nouns[antecedent.head].kind == "person" else "that"]
     else:
-        subject = _en_np(c.subject)
+        subject = _en_np(c.subject, lex)
     if question:
         aux = ("has", "have") if c.perfect else ("does", "do")
         aux = aux[0] if agr == "3sg" else aux[1]
@@ -346,26 +379,26 @@ def _en_clause(c: Clause, question: bool = False, antecedent: NP | None = None) 
     else:
         words = subject + [verb.en_3sg if agr == "3sg" else verb.en]
     if c.obj:
-        words += _en_np(c.obj)
+        words += _en_np(c.obj, lex)
     if c.recipient:
-        words += ["to"] + _en_np(c.recipient)
+        words += ["to"] + _en_np(c.recipient, lex)
     if c.pp:
-        words += c.pp.prep.split() + _en_np(c.pp.np)
+        words += c.pp.prep.split() + _en_np(c.pp.np, lex)
     if c.rel:
-        words += _en_clause(c.rel, antecedent=c.obj)
+        words += _en_clause(c.rel, antecedent=c.obj, lex=lex)
     if c.comp:
-        words += ["that"] + _en_clause(c.comp)
+        words += ["that"] + _en_clause(c.comp, lex=lex)
     return words
 
 
-def render_english(s: Sentence) -> str:
+def render_english(s: Sentence, lex: Lexicon = LEXICON) -> str:
     """Render a sentence structure as English text."""
     if s.sub is not None and s.sub_first:
-        words = [s.conj] + _en_clause(s.sub) + [","] + _en_clause(s.main)
+        words = [s.conj] + _en_clause(s.sub, lex=lex) + [","] + _en_clause(s.main, lex=lex)
     else:
-        words = (s.adverb.split() if s.adverb else []) + _en_clause(s.main, s.question)
+        words = (s.adverb.split() if s.adverb else []) + _en_clause(s.main, s.question, lex=lex)
         if s.sub is not None:
-            words += [s.conj] + _en_clause(s.sub)
+            words += [s.conj] + _en_clause(s.sub, lex=lex)
     return _finish(words, "?" if s.question else ".")
 
 
@@ -374,11 +407,11 @@ def render_english(s: Sentence) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _de_np(np: NP, case: str) -> list[str]:
+def _de_np(np: NP, case: str, lex: Lexicon = LEXICON) -> list[str]:
     """German words of a noun phrase in the given case (nom, acc or dat)."""
     if np.head in PRONOUNS:
         return [PRONOUNS[np.head][0]]
-    noun = NOUNS[np.head]
+    noun = lex.nouns[np.head]
     g = _GENDER_INDEX["p" if np.is_plural else noun.gender]
     if np.det == "the":
         det, adj_endings = _ARTICLE[case][g], _WEAK
@@ -396,15 +429,20 @@ def _de_np(np: NP, case: str) -> list[str]:
         form = noun.de + ("n" if noun.weak and case != "nom" else "")
     words = [det] if det else []
     if np.adj:
-        words.append(ADJECTIVES[np.adj][0] + adj_endings[case][g])
-    return words + [form]
+        words.append(lex.adjectives[np.adj].de + adj_endings[case][g])
+    words.append(form)
+    if np.pp:
+        words += _de_pp(np.pp, lex)
+    if np.rel:  # "der Mann, der schläft, ...": a comma on each side (_finish drops one before "," or the end)
+        words += [","] + _de_clause(np.rel, "rel", antecedent=np, lex=lex) + [","]
+    return words
 
 
-def _de_pp(pp: PP) -> list[str]:
+def _de_pp(pp: PP, lex: Lexicon = LEXICON) -> list[str]:
     """German words of a prepositional phrase, with article contraction (im, ins, zum, zur)."""
     prep, case = PREPOSITIONS[pp.prep][:2]
-    words = _de_np(pp.np, case)
-    gender = NOUNS[pp.np.head].gender
+    words = _de_np(pp.np, case, lex)
+    gender = lex.nouns[pp.np.head].gender
     if pp.np.det == "the" and not pp.np.is_plural:
         if case == "dat" and (prep, gender) in CONTRACTIONS:
             return [CONTRACTIONS[prep, gender]] + words[1:]
@@ -414,32 +452,37 @@ def _de_pp(pp: PP) -> list[str]:
 
 
 def _de_clause(
-    c: Clause, order: str, front: list[str] | None = None, antecedent: NP | None = None, conj: str = ""
+    c: Clause,
+    order: str,
+    front: list[str] | None = None,
+    antecedent: NP | None = None,
+    conj: str = "",
+    lex: Lexicon = LEXICON,
 ) -> list[str]:
     """German words of a clause; order is main (V2), question (V1), sub or rel (verb-final)."""
-    verb = VERBS[c.verb]
+    verb = lex.verbs[c.verb]
     agr = (antecedent or c.subject).agreement()
     if c.subject is None:
-        gender = "p" if antecedent.is_plural else NOUNS[antecedent.head].gender
+        gender = "p" if antecedent.is_plural else lex.nouns[antecedent.head].gender
         subject = [_ARTICLE["nom"][_GENDER_INDEX[gender]]]
     else:
-        subject = _de_np(c.subject, "nom")
+        subject = _de_np(c.subject, "nom", lex)
     forms = {"3sg": verb.de_3sg, "pl": verb.de_inf}
     finite = AUX[verb.aux][agr] if c.perfect else forms[agr]
     middle = []
     if c.recipient:
-        middle += _de_np(c.recipient, "dat")
+        middle += _de_np(c.recipient, "dat", lex)
     if c.obj:
-        middle += _de_np(c.obj, "dat" if verb.frame == "dat" else "acc")
+        middle += _de_np(c.obj, "dat" if verb.frame == "dat" else "acc", lex)
     if c.pp:
-        middle += _de_pp(c.pp)
+        middle += _de_pp(c.pp, lex)
     if c.perfect:
         middle.append(verb.de_pp)
     tail = []
     if c.rel:
-        tail += [","] + _de_clause(c.rel, "rel", antecedent=c.obj)
+        tail += [","] + _de_clause(c.rel, "rel", antecedent=c.obj, lex=lex)
     if c.comp:
-        tail += [","] + _de_clause(c.comp, "sub", conj="dass")
+        tail += [","] + _de_clause(c.comp, "sub", conj="dass", lex=lex)
     if order == "question":
         return [finite] + subject + middle + tail
     if order == "main":
@@ -448,28 +491,33 @@ def _de_clause(
     return ([conj] if conj else []) + subject + middle + [finite] + tail
 
 
-def render_german(s: Sentence) -> str:
+def render_german(s: Sentence, lex: Lexicon = LEXICON) -> str:
     """Render a sentence structure as German text."""
     if s.sub is not None and s.sub_first:
-        front = _de_clause(s.sub, "sub", conj=CONJUNCTIONS[s.conj]) + [","]
-        words = _de_clause(s.main, "main", front=front)
+        front = _de_clause(s.sub, "sub", conj=CONJUNCTIONS[s.conj], lex=lex) + [","]
+        words = _de_clause(s.main, "main", front=front, lex=lex)
     else:
         front = ADVERBIALS[s.adverb].split() if s.adverb else None
-        words = _de_clause(s.main, "question" if s.question else "main", front=front)
+        words = _de_clause(s.main, "question" if s.question else "main", front=front, lex=lex)
         if s.sub is not None:
-            words += [","] + _de_clause(s.sub, "sub", conj=CONJUNCTIONS[s.conj])
+            words += [","] + _de_clause(s.sub, "sub", conj=CONJUNCTIONS[s.conj], lex=lex)
     return _finish(words, "?" if s.question else ".")
 
 
 def _finish(words: list[str], end: str) -> str:
-    """Join words, attach commas, capitalise the first letter and add end punctuation."""
+    """Join words, attach commas, capitalise the first letter and add end punctuation.
+
+    A comma before another comma or the end is dropped: the one closing an in-place relative
+    clause ("Heute schläft der Mann, der liest.").
+    """
+    words = [w for i, w in enumerate(words) if w != "," or words[i + 1 : i + 2] not in ([","], [])]
     text = " ".join(words).replace(" ,", ",") + end
     return text[0].upper() + text[1:]
 
 
-def render(s: Sentence) -> tuple[str, str]:
+def render(s: Sentence, lex: Lexicon = LEXICON) -> tuple[str, str]:
     """Render a sentence structure as an (english, german) pair."""
-    return render_english(s), render_german(s)
+    return render_english(s, lex), render_german(s, lex)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,8 +623,16 @@ def sample_sentence(rng: random.Random) -> Sentence:
     return Sentence(main, adverb, conj, sub, sub_first, question)
 
 
-def generate_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
-    """Deterministic list of unique (english, german) sentence pairs."""
+def sample_pair(rng: random.Random) -> tuple[str, str]:
+    """One (english, german) pair, sampled and rendered."""
+    return render(sample_sentence(rng))
+
+
+PairSampler = Callable[[random.Random], tuple[str, str]]
+
+
+def generate_pairs(num_pairs: int, seed: int, sample: PairSampler = sample_pair) -> list[tuple[str, str]]:
+    """Deterministic list of unique (english, german) sentence pairs: neither side repeats."""
     rng = random.Random(seed)
     pairs: list[tuple[str, str]] = []
     seen_en: set[str] = set()
@@ -584,7 +640,7 @@ def generate_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
     for _ in range(20 * num_pairs + 1000):
         if len(pairs) == num_pairs:
             break
-        en, de = render(sample_sentence(rng))
+        en, de = sample(rng)
         if en not in seen_en and de not in seen_de:
             seen_en.add(en)
             seen_de.add(de)
@@ -594,13 +650,15 @@ def generate_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def make_splits(num_train: int, num_validation: int, num_test: int, seed: int) -> dict[str, list[tuple[str, str]]]:
+def make_splits(
+    num_train: int, num_validation: int, num_test: int, seed: int, sample: PairSampler = sample_pair
+) -> dict[str, list[tuple[str, str]]]:
     """Disjoint train/validation/test splits (no shared English or German sentence).
 
     Held-out pairs are the first ones generated, so for a given seed the validation and
     test sets do not depend on ``num_train``.
     """
-    pairs = generate_pairs(num_train + num_validation + num_test, seed)
+    pairs = generate_pairs(num_train + num_validation + num_test, seed, sample)
     held_out = pairs[: num_validation + num_test]
     return {
         "train": pairs[num_validation + num_test :],
