@@ -12,7 +12,8 @@ Three changes to v1 (`grammar.py`), each so that model capacity and regularisati
   subject comes first (verb second either way: "Heute sieht er den Hund." / "Er sieht heute den
   Hund."); an object's relative clause stays beside its noun or follows the participle.  The
   English, for its part, puts an adverbial first or last.  So the German is not a function of
-  the English: the best model's perplexity stays above 1.
+  the English: the best model's perplexity stays above 1.  The German-only choices come from a
+  random stream of their own, so a structure keeps its English whatever German is drawn.
 - **Longer dependencies.** Subjects take relative clauses ("Der Mann, der den Hund sieht,
   schläft."), relative clauses nest once more, and nouns take PPs that take a PP once more
   ("the book on the table in the kitchen"), so agreement and verb placement reach further.
