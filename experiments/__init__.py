@@ -1,1 +1,1 @@
-"""Launching fxformer runs (local processes, Cloud TPU pods, SLURM) and, next, sweeps; imports no JAX."""
+"""Launching fxformer runs (local processes, Cloud TPU pods, SLURM) and sweeps over them; imports no JAX."""

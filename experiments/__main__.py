@@ -6,10 +6,10 @@
     stop     ask a run's processes to save and stop
 
     plan     a sweep's rows, commands and table, e.g. `plan table3 --profile=mini`
-    run      run a sweep's rows (resumable): `run table3 --root=R --profile=mini [--only=A*,base]`
-    status   per row: state, step / total, attempts, ETA
-    collect  the results table beside the paper's (markdown, CSV, JSON)
-    plot     PNG figures of the results
+    run      run a sweep's rows (resumable): `run table3 --root=R --profile=mini [--only=A*,base] [--seeds=3]`
+    status   per row and seed: state, step / total, attempts, ETA
+    collect  the results table beside the paper's (markdown, CSV, JSON), with mean, sd and paired differences
+    plot     PNG figures of the results, with error bars
 
 `python -m experiments <verb> --help` explains each. Imports no JAX: safe on a login or head node.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 
 from experiments import launch, runner
-from experiments.group import LaunchError
 from fxformer import exitcodes
 from fxformer.errors import UserError
 
@@ -35,7 +34,7 @@ def main(argv: list[str]) -> int:
         return exitcodes.USER_ERROR
     try:
         return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
-    except (LaunchError, UserError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return exitcodes.USER_ERROR
     except KeyboardInterrupt:

@@ -6,7 +6,6 @@ worker). Imports no JAX.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments.cli import say
 from fxformer import exitcodes
 
 
@@ -44,8 +44,11 @@ class Group:
         self.stop_all, self.kill_all, self.grace_s = stop_all, kill_all, grace_s
         self.interrupted = False
 
-    def run(self, argvs: list[list[str]], logs: list[Path | None], echo_first: bool = True) -> int:
-        """Start every argv, wait; on a failure or a signal to us, stop the rest. The combined status."""
+    def run(
+        self, argvs: list[list[str]], logs: list[Path | None], echo_first: bool = True, handle_signals: bool = True
+    ) -> int:
+        """Start every argv, wait; on a failure or a signal to us, stop the rest. The combined status.
+        Without `handle_signals` (a group run from a thread), the caller forwards signals by `interrupt`."""
         for log in logs:
             if log:
                 log.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +59,8 @@ class Group:
             procs.append(p)
             pumps.append(threading.Thread(target=_pump, args=(p.stdout, log, echo_first and i == 0), daemon=True))
             pumps[-1].start()
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        previous = {s: signal.signal(s, self._on_signal) for s in signals}
         try:
             stopping_since = None
             while any(p.poll() is None for p in procs):
@@ -86,26 +90,13 @@ class Group:
             t.join(timeout=5)
         return combined_status([c if c >= 0 else 128 - c for c in codes])
 
+    def interrupt(self) -> None:
+        """Ask every process to save and stop, as a SIGTERM to us would."""
+        self.interrupted = True
+
     def _on_signal(self, signum, frame) -> None:
         if self.interrupted and signum == signal.SIGINT:  # a second Ctrl-C: no more waiting
             self.kill_all()
             raise KeyboardInterrupt
         say(f"{signal.Signals(signum).name}: asking every process to save and stop (Ctrl-C again kills)")
         self.interrupted = True
-
-
-def say(message: str) -> None:
-    """The launcher's own messages, on stderr, marked as such."""
-    print(f"[launch] {message}", file=sys.stderr, flush=True)
-
-
-class LaunchError(Exception):
-    """A mistake the user can fix, reported as one sentence with exit status 2."""
-
-
-def which(program: str) -> str:
-    """The path of `program`, or a one-sentence error naming what to install."""
-    path = shutil.which(program)
-    if path is None:
-        raise LaunchError(f"'{program}' is not on PATH; install it on this machine (or use --dry-run).")
-    return path

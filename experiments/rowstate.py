@@ -1,15 +1,16 @@
 """What a sweep's run directory `R/<run>` holds, and who runs it now: a status file with a lease.
 
 `R/<run>` is the run's fxformer workdir (config.json, checkpoints/, metrics.jsonl, eval/) plus
-`sweep.json`, written by the sweep runner: attempts, the resolved config it started with, the
-commit, and while it runs an owner (host, pid) with a heartbeat. A launcher leaves a run alone
-while another owner's heartbeat is fresher than the lease (or, on this host, while that pid
-lives); a stale run is taken over (marin's executor). SLURM rows are held while their job is
-queued or running. Works on local paths and object stores alike (etils.epath).
+`sweep.json`, the lease, written by the sweep runner: attempts, the resolved config it started
+with, the commit, its `RowStatus`, and while it runs an owner (host, pid) with a heartbeat.
+A launcher leaves a run alone while another owner's heartbeat is fresher than the lease (or,
+on this host, while that pid lives); a stale run is taken over (marin's executor). SLURM rows
+are held while their job is queued or running. Works on local paths and object stores alike (etils.epath).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import socket
@@ -20,8 +21,33 @@ import uuid
 from dataclasses import dataclass, field
 
 from fxformer import paths
+from fxformer.errors import UserError
 
 DEFAULT_LEASE_S = 300.0
+
+
+class RowStatus(str, enum.Enum):
+    """Where a row stands: read from its files (`RowState.state`), written to its lease, and what
+    running it came to (`runner.run_row`). A str, so it prints and compares as its value."""
+
+    PENDING = "pending"  # nothing started
+    RUNNING = "running"  # a launcher (here or elsewhere) holds it now
+    SUBMITTED = "submitted"  # a scheduler holds it (a queued or running SLURM job)
+    TRAINED = "trained"  # trained to its last step, not yet evaluated
+    STOPPED = "stopped"  # started, not finished, nobody holds it: resumable
+    FAILED = "failed"  # its last attempt failed
+    FINISHED = "finished"  # trained and evaluated
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def read_json(path, what: str, fix: str):
+    """A JSON file the project wrote, or one sentence naming it and what to do if it is damaged."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} ({what}) is damaged ({e.__class__.__name__}: {e}); {fix}.") from None
 
 
 def owner_id() -> str:
@@ -90,20 +116,20 @@ class RowState:
             alive = time.time() - float(self.status.get("heartbeat", 0)) < lease_s
         return owner if alive else None
 
-    def state(self, lease_s: float = DEFAULT_LEASE_S) -> str:
-        """pending, running, trained (not evaluated), stopped (resumable), failed or finished."""
+    def state(self, lease_s: float = DEFAULT_LEASE_S) -> RowStatus:
+        """The row's status from its files (every RowStatus but one a launcher reports alone)."""
         if self.results is not None:
-            return "finished"
+            return RowStatus.FINISHED
         if self.holder(lease_s):
-            return "submitted" if self.status.get("job_id") else "running"
+            return RowStatus.SUBMITTED if self.status.get("job_id") else RowStatus.RUNNING
         total = self.total_steps
         if total is not None and self.checkpoint_steps and max(self.checkpoint_steps) >= total:
-            return "trained"
-        if self.status.get("state") == "failed":
-            return "failed"
+            return RowStatus.TRAINED
+        if self.status.get("state") == RowStatus.FAILED:
+            return RowStatus.FAILED
         if self.checkpoint_steps or self.status:
-            return "stopped"
-        return "pending"
+            return RowStatus.STOPPED
+        return RowStatus.PENDING
 
     def eta_s(self) -> float | None:
         """Seconds left for a running row, from its pace since the current attempt began."""
@@ -119,22 +145,34 @@ def read(workdir: paths.Workdir, eval_split: str) -> RowState:
     """The row's state from its files (missing files are simply absent state)."""
     w = paths.Workdir(workdir)
     row = RowState(w)
-    status_path = w.sweep_status
-    if status_path.exists():
-        row.status = json.loads(status_path.read_text())
+    if w.sweep_status.exists():
+        fix = "delete it and run the sweep again (the row's checkpoints are kept and it resumes)"
+        row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
     if w.config.exists():
-        row.config = json.loads(w.config.read_text())
+        row.config = read_json(w.config, "the run's config", "move the row's directory aside and run it again")
     if w.checkpoints.exists():
         row.checkpoint_steps = sorted(int(p.name) for p in w.checkpoints.iterdir() if p.name.isdigit())
     if w.metrics.exists():
-        lines = w.metrics.read_text().strip().splitlines()
-        row.logged_step = json.loads(lines[-1])["step"] if lines else 0
+        row.logged_step = last_logged_step(w.metrics.read_text())
     total = row.total_steps
     if total is not None:
         result = w.eval / f"{eval_split}-{total}.json"
         if result.exists():
-            row.results = json.loads(result.read_text())
+            row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
     return row
+
+
+def last_logged_step(text: str) -> int:
+    """The last step recorded in a metrics.jsonl (lines that are not a JSON object with an integer
+    step, such as one cut short by a crash, are passed over)."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return 0
 
 
 def write_status(workdir: paths.Workdir, status: dict) -> None:
@@ -158,7 +196,7 @@ class Lease:
         self.update(owner=owner_id(), token=self.token, heartbeat=time.time(), job_id=None)
         time.sleep(0.5)  # a launcher claiming at the same moment overwrites one of the two writes
         path = paths.Workdir(self.workdir).sweep_status
-        if json.loads(path.read_text()).get("token") != self.token:
+        if read_json(path, "the sweep's record of this row", "run the sweep again").get("token") != self.token:
             return False
         self._thread = threading.Thread(target=self._beat, daemon=True)
         self._thread.start()

@@ -11,6 +11,8 @@ habit), returning a plain dict; `configs/table3.py` is the first:
             "metrics": {"ppl": "lower", "bleu": "higher"},  # from fxformer.evaluate's results
             "reference": {"base": {"ppl": 4.92, "bleu": 25.8, "params": 65e6}, ...},  # optional
             "eval_flags": ["--split=validation", "--average_last=1"],
+            "replicates": {"base": 5, "*": 3},       # seeds per run (or one number); default 1
+            "noise": {"ppl": {"log_sd": 0.003}},      # the reference's run-to-run sd, for its ties
         }
 
 A run is a config spec, optionally with overrides: `("configs/default.py", {"model.d_model": 256})`.
@@ -30,8 +32,8 @@ import itertools
 import json
 from pathlib import Path
 
-from experiments.group import LaunchError
 from fxformer import configfile
+from fxformer.errors import UserError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -65,6 +67,15 @@ class Sweep:
     metrics: dict = dataclasses.field(default_factory=lambda: {"ppl": "lower", "bleu": "higher"})
     reference: dict = dataclasses.field(default_factory=dict)
     eval_flags: tuple[str, ...] = ()
+    replicates: dict = dataclasses.field(default_factory=dict)  # run name or pattern -> seeds; "*" the rest
+    noise: dict = dataclasses.field(default_factory=dict)  # metric -> the reference's per-run sd: {"log_sd": ..}
+    noise_source: str = ""  # where that sd comes from, for the table's footer
+
+    def replicates_of(self, name: str) -> int:
+        """How many seeds of run `name` the sweep runs (its entry, else the first matching pattern, else 1)."""
+        if name in self.replicates:
+            return self.replicates[name]
+        return next((n for p, n in self.replicates.items() if fnmatch.fnmatchcase(name, p)), 1)
 
     def select(self, only: str) -> list[Run]:
         """The runs matching `--only` (comma-separated names or shell patterns: 'A*,base'), in order."""
@@ -74,7 +85,7 @@ class Sweep:
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(run.name, pattern) for run in self.runs):
                 names = ", ".join(run.name for run in self.runs)
-                raise LaunchError(f"--only: '{pattern}' matches no run of {self.name}; its runs are {names}.")
+                raise UserError(f"--only: '{pattern}' matches no run of {self.name}; its runs are {names}.")
         return [run for run in self.runs if any(fnmatch.fnmatchcase(run.name, p) for p in patterns)]
 
 
@@ -119,6 +130,9 @@ def from_dict(name: str, profile: str, description: dict) -> Sweep:
         metrics=dict(description.get("metrics", {"ppl": "lower", "bleu": "higher"})),
         reference=dict(description.get("reference", {})),
         eval_flags=tuple(description.get("eval_flags", ())),
+        noise=dict(description.get("noise", {})),
+        noise_source=description.get("noise_source", ""),
+        replicates=counts if isinstance(counts := description.get("replicates", 1), dict) else {"*": counts},
     )
 
 
@@ -126,14 +140,14 @@ def load(name: str, profile: str) -> Sweep:
     """The sweep `name` (configs/<name>.py, or a path to a config file) in `profile`."""
     path = Path(name) if name.endswith(".py") else CONFIGS / f"{name}.py"
     if not path.is_file():
-        raise LaunchError(f"No sweep '{name}': {path} does not exist (give configs/<name>.py with sweep()).")
+        raise UserError(f"No sweep '{name}': {path} does not exist (give configs/<name>.py with sweep()).")
     configfile.make_importable(path)
     spec = importlib.util.spec_from_file_location(f"_fxformer_sweep_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, "sweep"):
-        raise LaunchError(f"{path} describes no sweep: it has no sweep(profile) function.")
+        raise UserError(f"{path} describes no sweep: it has no sweep(profile) function.")
     profiles = getattr(module, "PROFILES", None)
     if profiles is not None and profile not in profiles:
-        raise LaunchError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
+        raise UserError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
     return from_dict(path.stem, profile, module.sweep(profile))

@@ -23,26 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.cli import split_at_dashes
 from fxformer import exitcodes
-
-
-def flag_value(flags: list[str], name: str) -> str | None:
-    """The value of `--name=v` or `--name v` in `flags` (the last one given), else None."""
-    value = None
-    for i, flag in enumerate(flags):
-        if flag.startswith(f"--{name}="):
-            value = flag.split("=", 1)[1]
-        elif flag == f"--{name}" and i + 1 < len(flags):
-            value = flags[i + 1]
-    return value
-
-
-def split_at_dashes(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(our flags, the flags after `--` that belong to the fxformer command)."""
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    return argv[:i], argv[i + 1 :]
 
 
 def running_pid(rundir: Path) -> int | None:

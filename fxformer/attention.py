@@ -273,8 +273,14 @@ def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 1
     width = left + heads * k * cell + (heads - 1) * gap + right
     height = bottom + layers * q * cell + (layers - 1) * gap + top
     fig, axes = plt.subplots(layers, heads, figsize=(width, height), squeeze=False)
-    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        wspace=gap / (k * cell), hspace=gap / (q * cell))  # square cells, panels close together
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=gap / (k * cell),
+        hspace=gap / (q * cell),
+    )  # square cells, panels close together
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
@@ -416,6 +422,7 @@ def write(
         paths.write_atomic(out / "weights.json", json.dumps({**w.to_json(), "checkpoint_steps": steps}) + "\n")
         written.append("weights.json")
     return written
+
 
 if __name__ == "__main__":
     cli.run(main)

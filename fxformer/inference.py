@@ -23,9 +23,10 @@ from fxformer import checkpoint, configfile, decode, optim, parallel, paths, tra
 from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
-from fxformer.metrics import duration, per_token
+from fxformer.metrics import per_token
 from fxformer.model import Transformer, TransformerConfig, grow_cache
 from fxformer.resolve import check_decode
+from fxformer.timefmt import duration
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array

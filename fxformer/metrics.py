@@ -14,6 +14,7 @@ import time
 from tensorboardX import SummaryWriter, record_writer
 
 from fxformer import paths
+from fxformer.timefmt import duration
 
 
 class MetricWriter:
@@ -100,14 +101,6 @@ def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
         f"{prefix}ppl": math.exp(min(nll, 50.0)),
         f"{prefix}accuracy": sums["correct"] / tokens,
     }
-
-
-def duration(seconds: float) -> str:
-    """12345 -> '3h25m45s'."""
-    seconds = int(max(seconds, 0))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
 class Progress:

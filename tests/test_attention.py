@@ -323,6 +323,7 @@ def test_a_gs_workdir_gets_its_figures_in_the_bucket(eight_device_workdir, fake_
     assert json.loads((bucket / "attention" / "n" / "weights.json").read_text())["target"] == translated
     assert fake_gcs == ["gs://bucket/w/checkpoints"] and not list(tmp_path.rglob("gs:*"))
 
+
 @pytest.mark.slow  # traces 20 models (shapes only)
 def test_every_table3_row_gives_weights_of_its_layers_heads_and_lengths():
     inputs, targets = np.ones((1, 7), np.int32), np.ones((1, 5), np.int32)

@@ -93,7 +93,8 @@ def test_sbatch_script_is_valid_bash():
 
 def test_launcher_never_imports_jax():
     code = (
-        "import sys; import experiments.__main__, experiments.launch, experiments.tpu, experiments.slurm, "
+        "import sys; import experiments.__main__, experiments.launch, "
+        "experiments.backends.tpu, experiments.backends.slurm, "
         "experiments.worker, experiments.group; "
         "from experiments import __main__ as m; m.main(['launch', '--backend=slurm', '--dry-run', '--', "
         "'--config=configs/base.py', '--workdir=/w']); "

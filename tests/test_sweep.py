@@ -22,6 +22,7 @@ from experiments import __main__ as experiments_main
 from experiments import rowstate, runner
 from experiments import sweep as sweeps
 from fxformer import exitcodes, paths
+from fxformer.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE3_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", *(f"C{i}" for i in range(1, 8)),
@@ -88,7 +89,7 @@ def test_grids_product_and_zip():
     assert [r.name for r in runs.runs] == ["num_heads=4,seed=0", "num_heads=8,seed=1"]
     assert runs.runs[1].resolved()["model"]["num_heads"] == 8 and runs.runs[1].resolved()["seed"] == 1
     assert [r.name for r in sweeps.load("table3", "mini").select("A*,base")] == ["base", "A1", "A2", "A3", "A4"]
-    with pytest.raises(sweeps.LaunchError, match="matches no run"):
+    with pytest.raises(UserError, match="matches no run"):
         sweeps.load("table3", "mini").select("Z9")
 
 
@@ -139,7 +140,7 @@ def test_smoke_sweep_trains_and_evaluates_each_row_the_papers_way(smoke):
         assert status["state"] == "finished" and status["attempts"] == 1 and status["owner"] is None
     assert json.loads((root / "B1" / "config.json").read_text())["model"]["d_k"] == 1  # 16 / 16, the smoke scale
     assert not (root / "A1").exists()
-    assert json.loads((root / "sweep.json").read_text())["profile"] == "smoke"
+    assert json.loads((root / "sweep-root.json").read_text())["profile"] == "smoke"
 
 
 def test_a_second_run_skips_finished_rows(smoke):
@@ -153,7 +154,7 @@ def test_a_second_run_skips_finished_rows(smoke):
 
 def test_a_changed_config_is_refused_in_one_sentence(smoke):
     root, _ = smoke
-    remembered = json.loads((root / "sweep.json").read_text())["extra"]
+    remembered = json.loads((root / "sweep-root.json").read_text())["extra"]
     result = experiments("run", "table3", f"--root={root}", "--only=B1", "--", *remembered, "--config.seed=7")
     assert result.returncode == exitcodes.USER_ERROR
     assert result.stderr.count("\n") == 1 and "seed=0" in result.stderr and "--move_changed" in result.stderr

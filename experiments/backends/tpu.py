@@ -13,30 +13,34 @@ import argparse
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 from experiments import group
-from experiments.group import LaunchError, say
-from experiments.launch import Job, run_commands
+from experiments.backends.base import Launched
+from experiments.cli import commit, say, which
+from experiments.job import Job, run_commands
+from fxformer.errors import UserError
 
-REPO = Path(__file__).resolve().parent.parent
 CODE, VENV, RUNS = "~/fxformer", "../fxformer-venv", "../fxformer-runs"  # VENV, RUNS: seen from CODE (~/...)
 ARCHIVE = "fxformer-src.tar.gz"
 
 
-def jax_tpu_requirement(requirements: Path = REPO / "requirements.txt") -> str:
-    """`jax[tpu]` with the version range requirements.txt gives jax."""
-    for line in requirements.read_text().splitlines():
+def jax_tpu_requirement(sha: str) -> str:
+    """`jax[tpu]` with the version range that commit `sha`'s requirements.txt gives jax (read from
+    git, as the code sent to the workers is: `setup` runs from fxformer's checkout)."""
+    out = subprocess.run(["git", "show", f"{sha}:requirements.txt"], capture_output=True, text=True)
+    if out.returncode:
+        raise UserError(f"Commit {sha[:12]} has no requirements.txt; run setup from fxformer's git checkout.")
+    for line in out.stdout.splitlines():
         if m := re.match(r"jax\s*([<>=!~][^#;]*)", line.strip()):
             return f"jax[tpu]{m.group(1).strip()}"
     return "jax[tpu]"
 
 
 class Tpu:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, echo: bool = True, handle_signals: bool = True):
         if not args.tpu or not args.zone:
-            raise LaunchError("The tpu backend needs --tpu=<TPU VM name> and --zone=<zone>.")
-        self.args = args
+            raise UserError("The tpu backend needs --tpu=<TPU VM name> and --zone=<zone>.")
+        self.args, self.echo, self.handle_signals = args, echo, handle_signals
         self.group: group.Group | None = None  # the running launch, if any
 
     # -- gcloud command lines ------------------------------------------------------------------
@@ -65,16 +69,13 @@ class Tpu:
 
     def commit(self, dry_run: bool) -> str:
         """The full hash of --commit (the code every worker runs)."""
-        out = subprocess.run(["git", "rev-parse", "--verify", f"{self.args.commit}^{{commit}}"],
-                             capture_output=True, text=True)  # fmt: skip
-        if out.returncode:
-            raise LaunchError(f"'{self.args.commit}' is not a commit here; run from fxformer's git checkout.")
-        if not dry_run:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True).stdout  # fmt: skip
-            if dirty.strip():
-                say(f"note: uncommitted changes are not sent; the workers run commit {out.stdout.strip()[:12]}")
-        return out.stdout.strip()
+        found = commit(self.args.commit)
+        if found is None:
+            raise UserError(f"'{self.args.commit}' is not a commit here; run from fxformer's git checkout.")
+        sha, dirty = found
+        if dirty and not dry_run:
+            say(f"note: uncommitted changes are not sent; the workers run commit {sha[:12]}")
+        return sha
 
     def sync_commands(self, job: Job, dry_run: bool) -> list[list[str]]:
         """The code at one commit onto every worker, replacing the previous copy."""
@@ -91,10 +92,10 @@ class Tpu:
             self.ssh("all", unpack),
         ]
 
-    def setup_command(self) -> list[str]:
+    def setup_command(self, sha: str) -> list[str]:
         """An idempotent venv on every worker: created once, pip run again only when requirements change."""
         stamp = f"{VENV}/.fxformer-requirements"
-        install = f'{VENV}/bin/pip install -q -r requirements.txt "{jax_tpu_requirement()}"'
+        install = f'{VENV}/bin/pip install -q -r requirements.txt "{jax_tpu_requirement(sha)}"'
         return self.ssh("all", (
             f"cd {CODE} && (test -x {VENV}/bin/python || python3 -m venv {VENV}) && "
             f'want=$(sha256sum requirements.txt | cut -c1-16) && '
@@ -118,31 +119,36 @@ class Tpu:
         if self.args.workers:
             return self.args.workers
         ask = self.count_command()
-        group.which("gcloud")
+        which("gcloud")
         out = subprocess.run(ask, capture_output=True, text=True)
         if out.returncode or not out.stdout.strip().isdigit():
-            raise LaunchError(f"Could not ask gcloud about TPU {self.args.tpu}: {out.stderr.strip()[:200]}")
+            raise UserError(f"Could not ask gcloud about TPU {self.args.tpu}: {out.stderr.strip()[:200]}")
         return int(out.stdout.strip())
 
     # -- verbs ---------------------------------------------------------------------------------
 
     def setup(self, job: Job, dry_run: bool) -> int:
-        return run_commands([*self.sync_commands(job, dry_run), self.setup_command()], dry_run)
+        sync = self.sync_commands(job, dry_run)
+        return run_commands([*sync, self.setup_command(self.commit(True))], dry_run)
 
-    def launch(self, job: Job, dry_run: bool) -> int:
+    def launch(self, job: Job, dry_run: bool) -> Launched:
         if dry_run:
-            return self.print_launch(job)
+            return Launched.of(self.print_launch(job))
         n = self.workers()
         run_commands(self.sync_commands(job, False), False)
         argvs = [self.run_command(job, i) for i in range(n)]
         logs = [job.logdir / f"worker_{i}.log" for i in range(n)]
-        group.which("gcloud")
+        which("gcloud")
         for i, log in enumerate(logs):
             say(f"worker {i}: log {log}")
         stop = lambda: run_commands([self.stop_command(job)], False, check=False)
         kill = lambda: run_commands([self.stop_command(job, kill=True)], False, check=False)
         self.group = group.Group(stop, kill, self.args.grace_s)
-        return self.group.run(argvs, logs)
+        return Launched.of(self.group.run(argvs, logs, self.echo, self.handle_signals), self.group.interrupted)
+
+    def interrupt(self) -> None:
+        if self.group is not None:
+            self.group.interrupt()
 
     def print_launch(self, job: Job) -> int:
         """The launch as a shell script: sync, then one ssh per worker in parallel, each to its log."""
@@ -163,7 +169,7 @@ class Tpu:
 
     def logs(self, job: Job, dry_run: bool) -> int:
         if dry_run and not self.args.workers:
-            raise LaunchError("Give --workers=<hosts in the slice> with --dry-run, or leave --dry-run out.")
+            raise UserError("Give --workers=<hosts in the slice> with --dry-run, or leave --dry-run out.")
         n = self.workers()
         fetch = [self.gcloud("scp", f"{self.args.tpu}:fxformer-runs/{job.name}/worker.log",
                              str(job.logdir / f"worker_{i}.log"), f"--worker={i}") for i in range(n)]  # fmt: skip
@@ -183,7 +189,7 @@ class Tpu:
         if state in ("READY", ""):
             return
         if not (self.args.accelerator_type and self.args.runtime_version):
-            raise LaunchError(
+            raise UserError(
                 f"TPU {self.args.tpu} is {state}; give --accelerator_type and --runtime_version so that "
                 "--retries can re-create it, or re-create it yourself and launch again."
             )

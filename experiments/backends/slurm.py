@@ -15,9 +15,10 @@ import argparse
 import shlex
 import subprocess
 
-from experiments import group
-from experiments.group import LaunchError, say
-from experiments.launch import Job
+from experiments.backends.base import Launched, Outcome
+from experiments.cli import say, which
+from experiments.job import Job
+from fxformer.errors import UserError
 
 SCRIPT = """\
 #!/bin/bash
@@ -65,11 +66,10 @@ fi
 
 
 class Slurm:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, echo: bool = True, handle_signals: bool = True):
         if args.nodes < 1 or args.gpus_per_node < 1:
-            raise LaunchError("--nodes and --gpus_per_node must be at least 1.")
+            raise UserError("--nodes and --gpus_per_node must be at least 1.")
         self.args = args
-        self.group = None  # sbatch returns at once: nothing runs here
 
     def script(self, job: Job) -> str:
         a = self.args
@@ -92,22 +92,23 @@ class Slurm:
             train=train, evaluate=evaluate,
         )  # fmt: skip
 
-    def launch(self, job: Job, dry_run: bool) -> int:
+    def launch(self, job: Job, dry_run: bool) -> Launched:
+        """Submit the job (sbatch returns at once: the scheduler holds it from then on)."""
         script = self.script(job)
         path = job.logdir / f"{job.name}.sbatch"
         if dry_run:
             print(f"# {path}, submitted with: sbatch --parsable {path}")
             print(script, end="")
-            return 0
+            return Launched.of(0)
         job.logdir.mkdir(parents=True, exist_ok=True)
         path.write_text(script)
-        out = subprocess.run([group.which("sbatch"), "--parsable", str(path)], capture_output=True, text=True)
+        out = subprocess.run([which("sbatch"), "--parsable", str(path)], capture_output=True, text=True)
         if out.returncode:
-            raise LaunchError(f"sbatch refused {path}: {out.stderr.strip()[:300]}")
+            raise UserError(f"sbatch refused {path}: {out.stderr.strip()[:300]}")
         job_id = out.stdout.strip().split(";")[0]
         (job.logdir / "job_id").write_text(job_id + "\n")
         print(f"submitted job {job_id}: {path}; logs in {job.logdir}/ (slurm-{job_id}.out, one file per process)")
-        return 0
+        return Launched(Outcome.SUBMITTED, 0, job_id=job_id)
 
     def setup(self, job: Job, dry_run: bool) -> int:
         say(f"on the cluster: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt 'jax[cuda12]' "
@@ -117,7 +118,7 @@ class Slurm:
     def _job_id(self, job: Job) -> str:
         path = job.logdir / "job_id"
         if not path.exists():
-            raise LaunchError(f"No job id in {path}; was this run launched with --backend=slurm from here?")
+            raise UserError(f"No job id in {path}; was this run launched with --backend=slurm from here?")
         return path.read_text().strip()
 
     def logs(self, job: Job, dry_run: bool) -> int:
@@ -131,7 +132,10 @@ class Slurm:
         if dry_run:
             print(shlex.join(argv))
             return 0
-        return subprocess.run([group.which("scancel"), *argv[1:]]).returncode
+        return subprocess.run([which("scancel"), *argv[1:]]).returncode
 
     def before_retry(self, job: Job) -> None:
         pass
+
+    def interrupt(self) -> None:
+        pass  # nothing runs here: scancel stops a submitted job (python -m experiments stop)

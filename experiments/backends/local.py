@@ -1,0 +1,96 @@
+"""The local backend: N processes of one run on this machine with a loopback coordinator, the
+offline stand-in for a pod (each process is `python -m experiments.worker`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from experiments import group, worker
+from experiments.backends.base import Launched
+from experiments.cli import say
+from experiments.job import Job
+from fxformer import exitcodes
+from fxformer.errors import UserError
+
+
+class Local:
+    """N processes of the same run on this machine."""
+
+    def __init__(self, args: argparse.Namespace, echo: bool = True, handle_signals: bool = True):
+        if args.processes < 1:
+            raise UserError(f"--processes must be at least 1, not {args.processes}.")
+        self.processes, self.grace_s, self.port = args.processes, args.grace_s, args.port
+        self.echo, self.handle_signals = echo, handle_signals  # off for rows run side by side in threads
+        self.group: group.Group | None = None  # the running launch, if any
+
+    def rundir(self, job: Job, i: int) -> Path:
+        return job.logdir / f"process_{i}"
+
+    def argvs(self, job: Job, port: int) -> list[list[str]]:
+        out = []
+        for i in range(self.processes):
+            cluster = []
+            if self.processes > 1:
+                cluster = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={self.processes}",
+                           f"--process_id={i}"]  # fmt: skip
+            out.append(
+                [sys.executable, "-m", "experiments.worker", *job.worker_flags(str(self.rundir(job, i)), cluster)]
+            )
+        return out
+
+    def launch(self, job: Job, dry_run: bool) -> Launched:
+        port = self.port or free_port()
+        argvs = self.argvs(job, port)
+        if dry_run:
+            for argv in argvs:
+                print(shlex.join(argv))
+            return Launched.of(exitcodes.OK)
+        for i in range(self.processes):
+            say(f"process {i}: log {self.rundir(job, i) / 'worker.log'}")
+        self.group = group.Group(
+            lambda: self.signal(job, signal.SIGTERM), lambda: self.signal(job, signal.SIGKILL), self.grace_s
+        )
+        # each worker writes its own log: take process 0's output to the console, drop the rest
+        status = self.group.run(argvs, [None] * self.processes, self.echo, self.handle_signals)
+        return Launched.of(status, self.group.interrupted)
+
+    def interrupt(self) -> None:
+        if self.group is not None:
+            self.group.interrupt()
+
+    def signal(self, job: Job, sig: signal.Signals) -> None:
+        """Send `sig` to the fxformer command each process's worker runs now (only those)."""
+        for i in range(self.processes):
+            worker.stop(self.rundir(job, i), sig)
+
+    def setup(self, job: Job, dry_run: bool) -> int:
+        say("the local backend runs in this checkout and environment: nothing to set up")
+        return exitcodes.OK
+
+    def logs(self, job: Job, dry_run: bool) -> int:
+        for i in range(self.processes):
+            path = self.rundir(job, i) / "worker.log"
+            print(f"==> {path} <==")
+            if path.exists():
+                print("".join(path.read_text(errors="replace").splitlines(keepends=True)[-20:]), end="")
+        return exitcodes.OK
+
+    def stop(self, job: Job, dry_run: bool) -> int:
+        for i in range(self.processes):
+            stopped = worker.stop(self.rundir(job, i)) if not dry_run else False
+            say(f"process {i}: {'SIGTERM sent' if stopped else 'not running'}")
+        return exitcodes.OK
+
+    def before_retry(self, job: Job) -> None:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

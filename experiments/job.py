@@ -1,0 +1,63 @@
+"""One run as the launcher sees it (a `Job`), where its logs go, and the one way commands are run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from experiments.cli import flag_value, say, which
+from fxformer import exitcodes
+from fxformer.errors import UserError
+from fxformer.paths import is_url
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One run: fxformer.train's flags, then optionally fxformer.evaluate on the same workdir
+    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row)."""
+
+    name: str
+    train_flags: tuple[str, ...]
+    evaluate: bool = False
+    eval_flags: tuple[str, ...] = ()
+    logdir: Path = Path("logs")
+    train: bool = True
+
+    @property
+    def workdir(self) -> str:
+        return flag_value(list(self.train_flags), "workdir") or ""
+
+    def worker_flags(self, rundir: str, cluster_flags: list[str]) -> list[str]:
+        """The flags of `python -m experiments.worker` that run this job on one host."""
+        flags = [f"--rundir={rundir}"]
+        evaluate = ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
+        if not self.train:
+            return [*flags, "--", *evaluate]
+        if self.evaluate:
+            flags.append(f"--then={shlex.join(evaluate)}")
+        return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
+
+
+def default_logdir(workdir: str, *name: str) -> Path:
+    """Where a run's launcher logs go: `W/logs` for a local workdir, else `logs/<name...>` here
+    (a gs:// workdir is no place for a local process's log)."""
+    if workdir and not is_url(workdir):
+        return Path(os.path.expanduser(workdir)) / "logs"
+    return Path("logs", *name)
+
+
+def run_commands(argvs: list[list[str]], dry_run: bool, check: bool = True) -> int:
+    """Run commands one after another (or print them); the first failure stops and is returned."""
+    for argv in argvs:
+        if dry_run:
+            print(shlex.join(argv))
+            continue
+        which(argv[0])
+        say(shlex.join(argv)[:300])
+        status = subprocess.run(argv).returncode
+        if status and check:
+            raise UserError(f"'{shlex.join(argv)[:120]}...' failed with status {status}; see its output above.")
+    return exitcodes.OK
