@@ -76,10 +76,11 @@ def gather(ctx: Context, runs) -> list[dict]:
     for rec in rows.values():
         rec["delta_ours"], rec["se"], rec["pairs"], rec["delta_paper"], rec["direction"] = {}, {}, {}, {}, {}
         for m in sweep.metrics:
-            d, se, n = stats.paired(rec["seeds"][m], base["seeds"][m]) if base else (None, None, 0)
+            d, se, n = (None, None, 0) if not base or rec is base else stats.paired(rec["seeds"][m], base["seeds"][m])
             rec["delta_ours"][m], rec["se"][m], rec["pairs"][m] = d, se, n
             paper, base_paper = rec["paper"][m], base["paper"][m] if base else None
-            rec["delta_paper"][m] = None if paper is None or base_paper is None else paper - base_paper
+            missing = paper is None or base_paper is None or rec is base
+            rec["delta_paper"][m] = None if missing else paper - base_paper
             rec["direction"][m] = direction(rec, m, base_paper, sweep) if rec["row"] != sweep.baseline else ""
     return [rows[run.name] for run in runs]
 

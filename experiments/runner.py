@@ -121,7 +121,8 @@ def check_configs(ctx: Context, units: list[Replicate], wanted: dict[str, dict])
                 "restore the config, or give --move_changed to move the old run aside and start that row over."
             )
         if row.holder(ctx.args.lease_s):
-            raise UserError(f"{ctx.workdir(rep)} has a changed config but {row.holder()} runs it; stop it first.")
+            holder = row.holder(ctx.args.lease_s)
+            raise UserError(f"{ctx.workdir(rep)} has a changed config but {holder} runs it; stop it first.")
         old_path = paths.as_path(ctx.workdir(rep))
         n = 1
         while old_path.parent.joinpath(f"{rep.name}.old{n}").exists():
@@ -294,7 +295,8 @@ def attempt(ctx: Context, rep: Replicate, backend: Backend, row: rowstate.RowSta
         if launched.interrupted:
             raise SweepStopped("signal")
         if last_try:
-            say(f"{prefix}: stopped before its last step {row.attempts + 1} times; run again to resume")
+            times = "once" if row.attempts == 0 else f"{row.attempts + 1} times"
+            say(f"{prefix}: stopped before its last step {times}; run again to resume")
             return RowStatus.STOPPED
         say(f"{prefix}: stopped before its last step (pre-empted?); trying again")
         return None

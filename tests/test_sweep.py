@@ -21,7 +21,7 @@ from test_launch import check_golden, head_commit
 from experiments import __main__ as experiments_main
 from experiments import rowstate, runner
 from experiments import sweep as sweeps
-from fxformer import exitcodes, paths
+from fxformer import exitcodes, optim, paths
 from fxformer.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,11 +69,16 @@ def test_profiles_keep_each_rows_change_relative_to_base():
     for row in table3.ROWS:
         paper, mini = table3.get_config(row), table3.get_config(f"{row},mini")
         base_paper, base_mini = table3.get_config("base"), table3.get_config("base,mini")
-        for key, scale in (("d_model", 4), ("d_ff", 4), ("d_k", 4), ("d_v", 4), ("num_layers", 2)):
+        for key, scale in (("d_model", 8), ("d_ff", 8), ("d_k", 8), ("d_v", 8), ("num_layers", 2)):
             assert paper.model[key] == scale * mini.model[key], (row, key)
         assert paper.model.num_heads == mini.model.num_heads and paper.label_smoothing == mini.label_smoothing
         assert paper.num_train_steps / base_paper.num_train_steps == mini.num_train_steps / base_mini.num_train_steps
         assert mini.data.dataset == "embedded" and mini.average_last == paper.average_last == 1
+        # the paper's peak learning rate at the row's width, at the paper's share of warm-up
+        peak = lambda c: float(optim.learning_rate_schedule(c)(c.warmup_steps - 1))  # count from 0
+        assert peak(mini) == pytest.approx(mini.model.d_model**-0.5 * 4000**-0.5, rel=1e-5), row
+        assert peak(mini) / peak(base_mini) == pytest.approx(peak(paper) / peak(base_paper), rel=1e-5), row
+        assert mini.warmup_steps / base_mini.num_train_steps == paper.warmup_steps / base_paper.num_train_steps
     with pytest.raises(ValueError, match="profile"):
         table3.get_config("B1,huge")
 
