@@ -219,12 +219,13 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     trainstate.write_workdir_config(config, workdir)
     mesh = parallel.data_mesh()
     builder, tokenizer = prepare_data(config, workdir, log)
+    train_source = corpora.data_source(builder, config.data.train_split)
+    pipeline.check_lengths(train_source, tokenizer, config.data, log)
     model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
     p_train_step = compile_train_step(config, model, tx, mesh)
     p_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
 
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
-    train_source = corpora.data_source(builder, config.data.train_split)
     train_ds, length_filter = pipeline.train_dataset(
         train_source, tokenizer, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
     )

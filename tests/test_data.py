@@ -221,3 +221,26 @@ def test_grain_iterator_state_is_json(corpus):
     it = iter(pipeline.train_dataset(corpora.data_source(builder, "train"), tokenizer, config.data, 8, 0)[0])
     next(it)
     assert json.loads(json.dumps(it.get_state())) == it.get_state()
+
+
+def test_a_length_limit_that_keeps_no_pair_is_refused_before_training(corpus, monkeypatch):
+    config, builder, tokenizer = corpus
+    monkeypatch.setattr(pipeline, "LENGTH_SAMPLE", 10_000)  # every pair of the 3,000
+    source = builder.as_data_source(split="train")
+    lengths = []  # the longer side of every pair, counted independently of check_lengths
+    for record in source:
+        ids = [tokenizer.encode(record[lang].decode()) for lang in ("en", "de")]
+        lengths.append(max(len(x) for x in ids))
+    data = config.data.copy_and_resolve_references()
+    data.max_length = min(lengths) - 1  # below every pair: training could never fill a batch
+    with pytest.raises(pipeline.UserError, match=f"keeps none of all {len(source):,} training pairs"):
+        pipeline.check_lengths(source, tokenizer, data)
+    said = []
+    data.max_length = int(np.percentile(lengths, 25))  # drops most pairs: said at the start
+    pipeline.check_lengths(source, tokenizer, data, log=said.append)
+    kept = sum(length <= data.max_length for length in lengths)
+    assert len(said) == 1 and f"({kept:,} of {len(source):,} kept)" in said[0]
+    said.clear()
+    data.max_length = max(lengths)  # keeps them all: nothing to say
+    pipeline.check_lengths(source, tokenizer, data, log=said.append)
+    assert said == []

@@ -67,6 +67,37 @@ def tokenize_fn(tokenizer: Tokenizer, source_lang: str, target_lang: str):
     return tokenize
 
 
+LENGTH_SAMPLE = 2000  # training pairs tokenized before training to see what the length filter keeps
+
+
+def check_lengths(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict, log=print) -> None:
+    """Before training: tokenize up to LENGTH_SAMPLE training pairs spread over the split, refuse in
+    one sentence a `data.max_length` that keeps none of them (training could never fill a batch),
+    and say at the start, not at the end, when it drops more than half."""
+    if data.overlong != "drop" or len(source) == 0:
+        return
+    count = min(len(source), LENGTH_SAMPLE)
+    tokenize = tokenize_fn(tokenizer, data.source_lang, data.target_lang)
+    longer_sides = []
+    for i in np.linspace(0, len(source) - 1, count).astype(int):
+        example = tokenize(source[int(i)])
+        longer_sides.append(max(len(example["inputs"]), len(example["targets"])))
+    kept = sum(length <= data.max_length for length in longer_sides)
+    sampled = f"all {count:,}" if count == len(source) else f"a sample of {count:,}"
+    if kept == 0:
+        raise UserError(
+            f"data.max_length={data.max_length} keeps none of {sampled} training pairs (the shortest has "
+            f"{min(longer_sides)} tokens on its longer side, EOS included), so training could never fill a batch; "
+            f"raise data.max_length or set data.overlong=truncate."
+        )
+    if kept < count / 2:
+        share = 100 * (count - kept) / count
+        log(
+            f"warning: data.max_length={data.max_length} drops {share:.0f}% of {sampled} training pairs "
+            f"({kept:,} of {count:,} kept); raise it or set data.overlong=truncate to train on more of them"
+        )
+
+
 def rows_per_step(data: ml_collections.ConfigDict, num_devices: int, grad_accum_steps: int = 1) -> int:
     """Global packed rows per step: the token budget over the row length, rounded up to a multiple
     of devices x micro-batches (and of the data shards)."""
