@@ -344,6 +344,8 @@ def main(verb: str, argv: list[str]) -> int:
     if args.seeds < 0:
         raise UserError(f"--seeds must be at least 1, not {args.seeds}.")
     ctx = Context(args, extra)
+    if verb in ("status", "collect", "plot") and not paths.as_path(ctx.root).exists():
+        raise UserError(f"{ctx.root} does not exist, so no sweep has run there; give the --root that `run` used.")
     runs = ctx.sweep.select(args.only)
     if verb == "plan":
         return plan(ctx, runs)

@@ -173,10 +173,10 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
     except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
         if data_iterator is not None and "process_" in str(e):
             raise UserError(data_position_problem(mngr.directory, step)) from None
-        raise UserError(
-            f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); "
-            "delete that step's directory or pick another with --step."
-        ) from None
+        fix = "delete that step's directory to resume from the one before it" if data_iterator is not None else (
+            "delete that step's directory or pick another with --step"
+        )  # fmt: skip
+        raise UserError(f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); {fix}.") from None
 
 
 def shape_mismatch(directory, step: int, abstract_state) -> str | None:

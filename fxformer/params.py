@@ -30,6 +30,11 @@ def count_parameters(model_config: ml_collections.ConfigDict, vocab_size: int) -
     return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes["params"]))
 
 
+def millions(count: int) -> str:
+    """34,304 -> '0.034M', 63,021,568 -> '63.0M': three significant figures below ten million."""
+    return f"{count / 1e6:.3g}M" if count < 10_000_000 else f"{count / 1e6:.1f}M"
+
+
 def table3(vocab_size: int = PAPER_VOCAB_SIZE) -> str:
     """A markdown table of every Table 3 row: its settings, our count, the paper's, the gap."""
     from configs import table3 as rows  # configs/ sits beside the package
@@ -61,7 +66,7 @@ def main() -> None:
     elif config is not None:
         vocab_size = args.vocab_size or config.data.vocab_size
         count = count_parameters(config.model, vocab_size)
-        print(f"{args.config}: {count:,} parameters ({count / 1e6:.1f}M) with a {vocab_size:,}-token vocabulary")
+        print(f"{args.config}: {count:,} parameters ({millions(count)}) with a {vocab_size:,}-token vocabulary")
     else:
         raise UserError("Give --table3 or --config=<config file[:arg]>.")
 

@@ -43,6 +43,8 @@ def main() -> None:
     p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
     p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
     args = parse_inference_args(p)
+    if args.batch_size < 0:
+        raise UserError(f"--batch_size must be a number of sentences (0: the config's), not {args.batch_size}.")
     if args.input == "-":
         data = sys.stdin.buffer.read()
     else:

@@ -59,3 +59,16 @@ def test_overrides_are_typed():
 def test_unknown_row_and_missing_file_are_refused():
     assert "Unknown Table 3 row 'Z'" in run("--config=configs/table3.py:Z").stderr
     assert "does not exist" in run("--config=configs/nope.py").stderr
+
+
+def test_small_parameter_counts_keep_three_significant_figures():
+    from fxformer.params import millions
+
+    assert [millions(n) for n in (34_304, 411_904, 9_990_000, 63_021_568)] == ["0.0343M", "0.412M", "9.99M", "63.0M"]
+
+
+def test_translate_refuses_a_negative_batch_size_before_restoring(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fxformer.translate", f"--workdir={tmp_path}", "--batch_size=-4"],
+                            input="a line\n", capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --batch_size must be a number of sentences (0: the config's), not -4."

@@ -244,3 +244,24 @@ def test_a_length_limit_that_keeps_no_pair_is_refused_before_training(corpus, mo
     data.max_length = max(lengths)  # keeps them all: nothing to say
     pipeline.check_lengths(source, tokenizer, data, log=said.append)
     assert said == []
+
+
+def test_an_unknown_dataset_of_a_known_tfds_family_is_one_sentence(tmp_path):
+    config = small_config(tmp_path)
+    for name in ("wmt99_translate/xx-yy", "wmt14_translate/xx-yy", "no_such_dataset"):
+        config.data.dataset = name
+        with pytest.raises(corpora.UserError, match=f"TFDS has no dataset '{name}'"):
+            corpora.get_builder(config.data)
+
+
+def test_broken_gzip_files_and_directories_are_named_in_one_sentence(tmp_path):
+    whole = gzip.compress(b"a line\n" * 1000)
+    (tmp_path / "cut.en.gz").write_bytes(whole[: len(whole) // 2])  # cut short: EOFError inside gzip
+    (tmp_path / "plain.en.gz").write_bytes(b"not gzip at all\n")  # BadGzipFile
+    for name in ("cut.en.gz", "plain.en.gz"):
+        with pytest.raises(corpora.UserError, match=f"{tmp_path}/{name} is not a whole gzip file"):
+            corpora._read_lines(str(tmp_path / name))
+    config = small_config(tmp_path)
+    config.data.dataset, config.data.source_file, config.data.target_file = "text", str(tmp_path), "x.de"
+    with pytest.raises(corpora.UserError, match=f"data.source_file '{tmp_path}' is a directory"):
+        corpora.get_builder(config.data)

@@ -335,3 +335,10 @@ def test_a_slurm_row_is_held_while_squeue_lists_its_job(tmp_path, monkeypatch):
     assert row.state() == "submitted" and row.holder() == "slurm job 123"
     rowstate.write_status(workdir, {"owner": "login-node:1", "job_id": "124", "attempts": 1})
     assert rowstate.read(workdir, "validation").state() == "stopped"  # ended without results: run again
+
+
+def test_status_collect_and_plot_of_a_root_that_does_not_exist_are_refused(tmp_path, capsys):
+    for verb in ("status", "collect", "plot"):
+        assert experiments_main.main([verb, "table3", f"--root={tmp_path}/mistyped"]) == exitcodes.USER_ERROR
+        assert f"{tmp_path}/mistyped does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "mistyped").exists()

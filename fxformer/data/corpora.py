@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import os
 import time
+import zlib
 
 import ml_collections
 import tensorflow_datasets as tfds
@@ -101,7 +102,13 @@ class TextConfig(tfds.core.BuilderConfig):
 def _read_lines(path: str) -> list[str]:
     """Lines of a text file (plain or .gz, local or a URL), split on newlines only, without line ends."""
     with paths.as_path(path).open("rb") as raw:
-        data = gzip.GzipFile(fileobj=raw).read() if path.endswith(".gz") else raw.read()
+        try:
+            data = gzip.GzipFile(fileobj=raw).read() if path.endswith(".gz") else raw.read()
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise UserError(
+                f"{path} is not a whole gzip file ({e}); compress it again (gzip -t {path} checks it), "
+                "or give it uncompressed without the .gz name."
+            ) from None
     return paths.split_lines(data, path)
 
 
@@ -165,6 +172,8 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
         for field, value in zip(fields, given):
             if not value:
                 raise UserError(f"data.dataset='text' needs --config.data.{field}=<path> too.")
+            if paths.as_path(value).is_dir():
+                raise UserError(f"data.{field} '{value}' is a directory; give the text file in it.")
             if not paths.as_path(value).is_file():
                 raise UserError(f"data.{field} '{value}' does not exist.")
         files.append((split, *(str(paths.absolute(v)) for v in given)))
@@ -210,13 +219,25 @@ def get_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
         return tfds.builder(data.dataset, data_dir=data_dir, file_format="array_record")
     except tfds.core.registered.DatasetNotFoundError:
         raise UserError(f"TFDS has no dataset '{data.dataset}'.") from None
+    except ValueError as e:  # a known dataset without that configuration (language pair)
+        if "BuilderConfig" not in str(e):
+            raise
+        family, _, pair = data.dataset.partition("/")
+        names = ", ".join(c.name for c in tfds.builder_cls(family).BUILDER_CONFIGS)
+        raise UserError(f"TFDS has no dataset '{data.dataset}': {family} has no '{pair}'; it has {names}.") from None
 
 
 def _import_tfds_module(name: str) -> None:
     """TFDS registers its datasets lazily; import the module that defines `name` if we know it."""
     family = name.split("/")[0]
     if family.startswith("wmt") and family.endswith("_translate"):
-        __import__(f"tensorflow_datasets.translate.{family.removesuffix('_translate')}")
+        try:
+            __import__(f"tensorflow_datasets.translate.{family.removesuffix('_translate')}")
+        except ModuleNotFoundError:
+            raise UserError(
+                f"TFDS has no dataset '{name}' (no {family} family); the WMT ones are wmt13_translate, "
+                "wmt14_translate, ..., wmt19_translate and wmt_t2t_translate, e.g. data.dataset=wmt14_translate/de-en."
+            ) from None
 
 
 def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuilder:
