@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, env_with_devices, logged, run_train
 
+from experiments import __main__ as experiments_main
 from fxformer import exitcodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,3 +180,10 @@ def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data
         assert a[step] == pytest.approx(b[step], rel=1e-5), step
     for i in range(2):
         assert "fxformer.train" in (workdir / "logs" / f"process_{i}" / "worker.log").read_text()
+
+
+@pytest.mark.parametrize("name", ["a/b", "my run", "../up"])
+def test_a_run_name_must_be_a_plain_name(name, capsys):
+    argv = ["launch", f"--name={name}", "--dry-run", "--", "--config=configs/base.py", "--workdir=/w"]
+    assert experiments_main.main(argv) == 2
+    assert "is not a plain name" in capsys.readouterr().err
