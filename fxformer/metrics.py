@@ -84,11 +84,13 @@ for _scheme in ("gs", "s3"):  # instead of tensorboardX's own clients, so every 
 
 
 def _step(line: str) -> float:
-    """The step of a metrics.jsonl line; a line cut short by a kill counts as after every step."""
+    """The step of a metrics.jsonl line; a line without one (cut short by a kill, or damaged: no
+    integer step) counts as after every step, so a resume drops it."""
     try:
-        return json.loads(line)["step"]
+        step = json.loads(line)["step"]
     except (json.JSONDecodeError, KeyError, TypeError):
         return math.inf
+    return step if isinstance(step, int) and not isinstance(step, bool) else math.inf
 
 
 def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:

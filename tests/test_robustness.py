@@ -447,3 +447,14 @@ def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agree
     no_bleu = subprocess.run(train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
                              env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert no_bleu.returncode == exitcodes.USER_ERROR and "set dev_bleu_every_steps" in no_bleu.stderr
+
+
+def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
+    from fxformer.metrics import MetricWriter
+
+    lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', '{"step": 2, "loss": 1.5}', '{"step": "x"}', '{"step": 9']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    writer = MetricWriter(tmp_path, resume_step=2)
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
+    assert writer.last() == {"step": 2, "loss": 1.5}
