@@ -118,6 +118,13 @@ def split_lines(data: bytes, where: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+def remove_tree(directory: PathLike) -> None:
+    """Remove a directory and everything in it (a local path or a URL); nothing if it is absent."""
+    path = as_path(directory)
+    if path.exists():
+        path.rmtree()
+
+
 def check_workdir(workdir: PathLike) -> None:
     """Refuse, in one sentence, a workdir that is a file or lies under one."""
     path = as_path(workdir)
@@ -148,8 +155,13 @@ class Workdir:
 
     @property
     def config(self) -> epath.Path:
-        """The resolved config the run was started with (JSON)."""
+        """The resolved config the run trains with (JSON)."""
         return self.root / "config.json"
+
+    @property
+    def config_history(self) -> epath.Path:
+        """What resumes changed in config.json: one JSON line each, {step, time, changed: {key: [old, new]}}."""
+        return self.root / "config-history.jsonl"
 
     @property
     def tokenizer(self) -> epath.Path:

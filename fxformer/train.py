@@ -215,8 +215,21 @@ def train_and_evaluate(
 
 
 def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+    """Everything up to the first step is checked before the run is recorded: a refused command
+    leaves a workdir it found as it was, and one it would have created absent."""
     check_config(config)
-    trainstate.write_workdir_config(config, workdir)
+    trainstate.check_workdir_config(config, workdir)
+    fresh = not paths.as_path(workdir).exists() or not any(paths.as_path(workdir).iterdir())
+    started: list[bool] = []  # set once training goes on: from then on the workdir is the run's
+    try:
+        return _accepted(config, workdir, log, stop, started)
+    except UserError:
+        if fresh and not started and jax.process_index() == 0:
+            paths.remove_tree(workdir)  # what preparing it wrote (the tokenizer copy): a refusal leaves nothing
+        raise
+
+
+def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: list[bool]) -> TrainState:
     mesh = parallel.data_mesh()
     builder, tokenizer = prepare_data(config, workdir, log)
     train_source = corpora.data_source(builder, config.data.train_split)
@@ -238,6 +251,10 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
 
     mngr, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
+    started.append(True)
+    recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
+    if recorded:
+        trainstate.write_workdir_config(config, workdir, start_step)
     describe(config, workdir, state, model, tokenizer, rows, start_step, log)
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
     best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
@@ -282,6 +299,9 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
             if due.save:
                 checkpoint.save(mngr, step, state, data_iterator)
                 last_save = time.time()
+                if not recorded:
+                    trainstate.write_workdir_config(config, workdir, start_step)
+                    recorded = True
             elif logged:
                 checkpoint.check(mngr)  # a failed background save stops the run now, not at the next save
             if due.stop:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from typing import Any
 
 import flax
@@ -67,20 +68,49 @@ def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     return decode_section(ml_collections.ConfigDict(loaded))
 
 
-def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
-    """Record the resolved config; refuse a workdir whose model differs from the config's."""
+def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
+    """Refuse a workdir whose recorded model differs from the config's (nothing is written)."""
     paths.check_workdir(workdir)
-    path = paths.Workdir(workdir).config
-    if path.exists():
-        old = load_workdir_config(workdir).to_dict()
-        new = json.loads(config.to_json())
-        keys = (set(old["model"]) | set(new["model"])) - RUNTIME_FIELDS
-        changed = [k for k in keys if old["model"].get(k) != new["model"].get(k)]
-        if changed:
-            raise UserError(
-                f"{workdir} holds a model with a different model.{changed[0]} "
-                f"({old['model'].get(changed[0])} vs {new['model'].get(changed[0])}); use a new --workdir."
-            )
-    if jax.process_index() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(path, config.to_json(indent=2))  # other processes read the old file or the new one
+    if not paths.Workdir(workdir).config.exists():
+        return
+    old = load_workdir_config(workdir).to_dict()
+    new = json.loads(config.to_json())
+    keys = (set(old["model"]) | set(new["model"])) - RUNTIME_FIELDS
+    changed = [k for k in keys if old["model"].get(k) != new["model"].get(k)]
+    if changed:
+        raise UserError(
+            f"{workdir} holds a model with a different model.{changed[0]} "
+            f"({old['model'].get(changed[0])} vs {new['model'].get(changed[0])}); use a new --workdir."
+        )
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
+    """{dotted key: [old, new]} for every field whose value differs between two configs."""
+    out = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(config_changes(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = [a, b]
+    return out
+
+
+def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike, step: int = 0) -> None:
+    """Record the resolved config the run trains with, once training really goes on from `step`
+    (train calls it when a new run starts, and for a resume at its first save). Fields a resume
+    changed (`num_train_steps`, the schedule, intervals, ...) are appended to `W/config-history.jsonl`
+    with the step from which they hold, so no value is overwritten silently."""
+    if jax.process_index() != 0:
+        return
+    run = paths.Workdir(workdir)
+    new = json.loads(config.to_json())
+    if run.config.exists():
+        changed = config_changes(load_workdir_config(workdir).to_dict(), new)
+        if not changed:
+            return
+        history = run.config_history.read_text() if run.config_history.exists() else ""
+        line = json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed})
+        paths.write_atomic(run.config_history, history + line + "\n")
+    run.config.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_atomic(run.config, config.to_json(indent=2))  # other processes read the old file or the new one

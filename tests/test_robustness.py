@@ -458,3 +458,61 @@ def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
     assert writer.last() == {"step": 2, "loss": 1.5}
+
+
+def snapshot(workdir) -> dict[str, bytes]:
+    """Every file under a workdir, by relative path: compared byte for byte before and after a refusal."""
+    from pathlib import Path
+
+    root = Path(workdir)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
+    """A fresh workdir refused before training is left absent (then another d_model trains there);
+    refused resumes leave config.json and every file byte for byte; a resume's changes are recorded
+    in config-history.jsonl once it has saved a step, never by a refusal."""
+    import json
+    import subprocess
+
+    from conftest import env_with_devices, run_train
+
+    def train(workdir, **overrides):
+        return subprocess.run(train_command(workdir, data_dir, **overrides), env=env_with_devices(1),
+                              capture_output=True, text=True)  # fmt: skip
+
+    fresh = tmp_path / "fresh"
+    refused = train(fresh, **{"data.max_length": 3})
+    assert refused.returncode == exitcodes.USER_ERROR and "keeps none of" in refused.stderr
+    assert not fresh.exists()
+    assert train(fresh, **{"model.d_model": 64, "num_train_steps": 2}).returncode == 0
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
+    before = snapshot(workdir)
+    arrays = [p for p in (workdir / "checkpoints" / "4" / "state").rglob("*") if p.is_file()]
+    arrays = [p for p in arrays if p.stat().st_size > 1000]
+    for path in arrays:
+        path.write_bytes(path.read_bytes()[:100])  # truncate the array data
+    damaged = snapshot(workdir)
+    result = train(workdir, num_train_steps=8, learning_rate_scale=3.0)
+    assert result.returncode == exitcodes.USER_ERROR and "is unreadable" in result.stderr, result.stderr[-2000:]
+    assert snapshot(workdir) == damaged  # config.json keeps the schedule the run trained with
+    for path in arrays:
+        path.write_bytes(before[str(path.relative_to(workdir))])
+
+    config = (workdir / "config.json").read_bytes()
+    (workdir / "config.json").unlink()  # then a resume with another model is refused by the checkpoint
+    result = train(workdir, **{"model.d_model": 64})
+    assert result.returncode == exitcodes.USER_ERROR and "holds a different model" in result.stderr
+    assert not (workdir / "config.json").exists()
+    (workdir / "config.json").write_bytes(config)
+
+    exploded = train(workdir, num_train_steps=8, learning_rate_scale=1e6)  # diverges before its first save
+    assert exploded.returncode == exitcodes.USER_ERROR, exploded.stderr[-2000:]
+    assert (workdir / "config.json").read_bytes() == config and not (workdir / "config-history.jsonl").exists()
+
+    assert train(workdir, num_train_steps=6, checkpoint_every_steps=2).returncode == 0  # a resume that trains
+    assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 6
+    history = [json.loads(line) for line in (workdir / "config-history.jsonl").read_text().splitlines()]
+    assert history == [{"step": 4, "time": history[0]["time"], "changed": {"num_train_steps": [4, 6]}}]
