@@ -342,3 +342,15 @@ def test_status_collect_and_plot_of_a_root_that_does_not_exist_are_refused(tmp_p
         assert experiments_main.main([verb, "table3", f"--root={tmp_path}/mistyped"]) == exitcodes.USER_ERROR
         assert f"{tmp_path}/mistyped does not exist" in capsys.readouterr().err
     assert not (tmp_path / "mistyped").exists()
+
+
+def test_a_root_written_with_the_old_record_name_is_found_and_the_record_renamed(tmp_path, capsys):
+    root = tmp_path / "t3"
+    root.mkdir()
+    record = {"sweep": "table3", "profile": "smoke", "extra": ["--config.seed=3"]}
+    (root / "sweep.json").write_text(json.dumps(record))  # R/sweep.json: the root record's name before
+    assert experiments_main.main(["status", "table3", f"--root={root}", "--only=base"]) == 0
+    out = capsys.readouterr()
+    assert "profile smoke" in out.out and "moved from sweep.json to sweep-root.json" in out.err
+    assert json.loads((root / "sweep-root.json").read_text()) == record and not (root / "sweep.json").exists()
+    assert experiments_main.main(["status", "table3", f"--root={root}", "--only=base", "--dry-run"]) == 0
