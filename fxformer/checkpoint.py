@@ -2,16 +2,12 @@
 
 A training checkpoint `W/checkpoints/<step>` holds two items: `state` (step, parameters,
 optimizer state, RNG key) and `data` (the grain iterator's position, one file per process).
-An averaged checkpoint `W/averaged/<step>` holds `params` and `meta` (the steps averaged).
+An averaged checkpoint `W/averaged/last<k>/<step>` holds `params` and `meta` (the steps averaged).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
-import traceback
-import warnings
 
 import grain
 import jax
@@ -99,37 +95,6 @@ def wait(mngr: ocp.CheckpointManager) -> None:
         mngr.wait_until_finished()
     except Exception as e:  # noqa: BLE001
         raise save_failed(mngr.directory, None, e) from None
-
-
-def _quiet_closed_loop(hook):
-    """`hook` (sys.excepthook / sys.unraisablehook), silent about orbax's write callbacks that land
-    on an event loop already closed by a failed save; everything else is reported as before."""
-
-    def quiet(*args):
-        error = args[1] if len(args) == 3 else getattr(args[0], "exc_value", None)
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
-            hook(*args)
-
-    return quiet
-
-
-sys.excepthook = _quiet_closed_loop(sys.excepthook)
-sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
-warnings.filterwarnings("ignore", "coroutine 'async_serialize.*' was never awaited", RuntimeWarning)  # likewise
-
-
-# asyncio logs orbax's failed background writes when their tasks are collected; `check` and
-# `wait` report the failed save itself, in one sentence.
-def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
-    text = record.getMessage()
-    if "exception was never retrieved" not in text:
-        return False
-    if record.exc_info and record.exc_info[2] is not None:
-        text += "".join(traceback.format_tb(record.exc_info[2]))
-    return "/orbax/" in text
-
-
-logging.getLogger("asyncio").addFilter(lambda record: not _orbax_write_left_behind(record))
 
 
 def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:

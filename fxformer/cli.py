@@ -8,8 +8,11 @@ unknown key or a value of the wrong type is refused with one sentence, and so is
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
 
 import ml_collections
@@ -53,12 +56,60 @@ def log_to_stderr(*args, **kwargs) -> None:
     print(*args, file=sys.stderr, **kwargs)
 
 
-def run(main: Callable[[], int | None]) -> None:
-    """Run a command's main; a UserError becomes one line on stderr and exit status 2 (`exitcodes`)."""
+def setup_process() -> None:
+    """What a command changes in its process, in one place (importing fxformer changes nothing):
+    quiet logs of TFDS, TensorFlow and orbax, no TFDS progress bars, and silence about what a
+    failed background save leaves behind (fxformer reports it in one sentence)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS and orbax chatter; our own output is print()
     # orbax logs each background thread's failure with a traceback; fxformer reports a failed save itself
     absl_logging.get_absl_logger().addFilter(lambda record: "/orbax/" not in record.pathname)
+    if "tensorflow_datasets" in sys.modules:  # a command that reads data (plot does not: no import for it)
+        sys.modules["tensorflow_datasets"].disable_progress_bar()
+    quiet_failed_saves()
+
+
+def _quiet_closed_loop(hook):
+    """`hook` (sys.excepthook / sys.unraisablehook), silent about orbax's write callbacks that land
+    on an event loop already closed by a failed save; everything else is reported as before."""
+
+    def quiet(*args):
+        error = args[1] if len(args) == 3 else getattr(args[0], "exc_value", None)
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(*args)
+
+    return quiet
+
+
+# asyncio logs orbax's failed background writes when their tasks are collected; `check` and
+# `wait` report the failed save itself, in one sentence.
+def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    if "exception was never retrieved" not in text:
+        return False
+    if record.exc_info and record.exc_info[2] is not None:
+        text += "".join(traceback.format_tb(record.exc_info[2]))
+    return "/orbax/" in text
+
+
+def quiet_failed_saves() -> None:
+    """Silence what a failed background save leaves behind (closed event loops, never-awaited
+    writes, asyncio's "never retrieved"): `check` and `wait` report the failure in one sentence.
+    Part of `setup_process`."""
+    sys.excepthook = _quiet_closed_loop(sys.excepthook)
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+    warnings.filterwarnings("ignore", "coroutine 'async_serialize.*' was never awaited", RuntimeWarning)
+    logging.getLogger("asyncio").addFilter(_keep_asyncio_record)
+
+
+def _keep_asyncio_record(record: logging.LogRecord) -> bool:
+    return not _orbax_write_left_behind(record)
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """Run a command's main after `setup_process`; a UserError becomes one line on stderr and exit
+    status 2 (`exitcodes`)."""
+    setup_process()
     try:
         sys.exit(main() or 0)
     except UserError as e:
@@ -68,7 +119,7 @@ def run(main: Callable[[], int | None]) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except OSError as e:
-        from fxformer.paths import unwritable  # paths imports this module
+        from fxformer.paths import unwritable
 
         if unwritable(e) is None:
             raise

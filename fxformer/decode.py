@@ -3,7 +3,7 @@
 A step function `step(tokens [rows], cache) -> (log_probs [rows, vocab], cache)` gives the
 next-token log-probabilities after each row's previous token; `cache` is whatever it carries
 from one position to the next (for the Transformer, each decoder layer's self-attention keys
-and values: `fxformer.inference.step_function`). Every cache leaf with a leading axis has one
+and values: `fxformer.inference.start_decoding`). Every cache leaf with a leading axis has one
 entry per row; a beam search reorders those rows when beams change parents, and leaves scalars
 (shared counters) alone. What does not change between steps (the encoder's keys and values)
 belongs in the step function's closure, so that a reorder never touches it.

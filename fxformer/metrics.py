@@ -1,7 +1,9 @@
 """Where a run's numbers go: `W/metrics.jsonl`, TensorBoard event files (no TensorFlow), the console.
 
-Both are written through `etils.epath`, so a `gs://` workdir works: object stores cannot
-append, so each write replaces the whole (small) file, atomically.
+`metrics.jsonl` is written through `etils.epath` (object stores cannot append, so each write
+replaces the whole small file, atomically); the event files through tensorboardX, whose writers
+for gs:// and s3:// are routed through `etils.epath` too (`register_url_writers`), so a `gs://`
+workdir works for both.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class MetricWriter:
         self.lines: list[str] = []
         if not enabled:
             return
+        register_url_writers()
         if self.path.exists():  # a resumed run rewrites what came after its checkpoint
             self.lines = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
             paths.write_atomic(self.path, self._text())
@@ -79,8 +82,12 @@ class _EpathEventFiles:
         paths.as_path(path).mkdir(parents=True, exist_ok=True)
 
 
-for _scheme in ("gs", "s3"):  # instead of tensorboardX's own clients, so every URL goes through one library
-    record_writer.register_writer_factory(_scheme, _EpathEventFiles())
+def register_url_writers() -> None:
+    """TensorBoard event files for gs:// and s3:// workdirs through etils.epath, instead of
+    tensorboardX's own clients, so every URL goes through one library (done by the first
+    MetricWriter, not at import)."""
+    for scheme in ("gs", "s3"):
+        record_writer.register_writer_factory(scheme, _EpathEventFiles())
 
 
 def _step(line: str) -> float:

@@ -235,8 +235,8 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
     train_source = corpora.data_source(builder, config.data.train_split)
     pipeline.check_lengths(train_source, tokenizer, config.data, log)
     model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
-    p_train_step = compile_train_step(config, model, tx, mesh)
-    p_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
+    jit_train_step = compile_train_step(config, model, tx, mesh)
+    jit_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
 
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
     train_ds, length_filter = pipeline.train_dataset(
@@ -270,7 +270,7 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
         while step < total:
             local = next(data_iterator)
             progress.pairs += pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
-            state, metrics = p_train_step(state, parallel.global_batch(mesh, local))
+            state, metrics = jit_train_step(state, parallel.global_batch(mesh, local))
             step += 1
             pending.append(metrics)
             if progress.window is None:  # the first step compiles; measure speed from the second on
@@ -284,7 +284,7 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
             if due.dev_loss:
                 max_len = model.config.max_len
                 logged.update(
-                    inference.dev_loss(p_loss_step, state.params, dev_examples, config, mesh, max_len, "dev_")
+                    inference.dev_loss(jit_loss_step, state.params, dev_examples, config, mesh, max_len, "dev_")
                 )
             if due.dev_bleu:
                 logged["dev_bleu"] = dev_bleu(state.params)

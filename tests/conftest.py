@@ -1,6 +1,5 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
-import inspect
 import json
 import os
 import subprocess
@@ -23,21 +22,8 @@ from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 from fxformer import configfile  # noqa: E402
 from fxformer.data import corpora, tokenizer_for  # noqa: E402
 
-# A test that runs fxformer's commands end to end (in subprocesses) is marked `slow`:
+# Tests that run fxformer's commands end to end (subprocesses) carry `@pytest.mark.slow`:
 # `python -m pytest -m "not slow"` runs the rest in well under a minute.
-END_TO_END = ("subprocess", "run_train", "final_params", "train_command", "in_namespace", "experiments(")
-
-
-def _runs_commands(function) -> bool:
-    return any(word in inspect.getsource(function) for word in END_TO_END)
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        fixtures = [d[-1].func for d in item._fixtureinfo.name2fixturedefs.values()]
-        ours = [f for f in fixtures if not f.__module__.startswith("_pytest")]
-        if _runs_commands(item.function) or any(_runs_commands(f) for f in ours):
-            item.add_marker(pytest.mark.slow)
 
 
 # The small embedded corpus every test shares (built once per session): data fields.

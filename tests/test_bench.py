@@ -42,6 +42,7 @@ def test_the_analytic_flop_count_is_within_ten_percent_of_xla(overrides):
     assert ours == pytest.approx(xla, rel=0.10), (ours, xla)
 
 
+@pytest.mark.slow
 def test_bench_prints_a_table_and_a_json_line(tmp_path):
     command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", "--steps=2",
                "--decode_batch=4", "--decode_len=8", "--decode_repeats=1", "--config.model.num_layers=1",

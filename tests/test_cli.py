@@ -67,6 +67,7 @@ def test_small_parameter_counts_keep_three_significant_figures():
     assert [millions(n) for n in (34_304, 411_904, 9_990_000, 63_021_568)] == ["0.0343M", "0.412M", "9.99M", "63.0M"]
 
 
+@pytest.mark.slow
 def test_translate_refuses_a_negative_batch_size_before_restoring(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fxformer.translate", f"--workdir={tmp_path}", "--batch_size=-4"],
                             input="a line\n", capture_output=True, text=True)  # fmt: skip

@@ -206,6 +206,7 @@ def test_own_parallel_text_files(tmp_path):
     assert texts(builder, "test", "de") == [f"Satz Nummer {i}" for i in range(45, 50)]
 
 
+@pytest.mark.slow
 def test_missing_data_is_one_sentence(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", "--config.data.dataset=text",

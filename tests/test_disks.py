@@ -41,6 +41,7 @@ def one_sentence(result, *words):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tmp_path, data_dir, corpus):
     first = tmp_path / "w0"
     run_train(first, data_dir, num_train_steps=2)
@@ -61,6 +62,7 @@ def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tm
     assert sorted(p.name for p in (after / "checkpoints").iterdir()) == ["2", "3", "5"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_before_a_run_is_refused_before_any_work(tmp_path, data_dir, corpus):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -73,6 +75,7 @@ def test_a_full_disk_before_a_run_is_refused_before_any_work(tmp_path, data_dir,
     assert "model:" not in result.stdout  # refused before data preparation and the model
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_read_only_or_full_workdir_before_evaluating(eight_device_workdir, tmp_path):
     evaluate = [sys.executable, "-m", "fxformer.evaluate", "--step=20", "--limit=8"]
     copy = tmp_path / "w"

@@ -25,6 +25,7 @@ def run(module, *args, devices=1, stdin=None):
     )
 
 
+@pytest.mark.slow
 def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     workdir = eight_device_workdir
     config = trainstate.load_workdir_config(workdir)
@@ -41,6 +42,7 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
         np.testing.assert_allclose(m, np.mean(np.stack([np.asarray(a), np.asarray(b)]), axis=0), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, corpus, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
@@ -73,6 +75,7 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     assert json.loads((workdir / "eval" / "test-20-avg2.json").read_text()) == written
 
 
+@pytest.mark.slow
 def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
     lines = "The dog sees the man.\nToday the woman buys a book.\n"
     result = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=2, stdin=lines)
@@ -80,6 +83,7 @@ def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
     assert len(result.stdout.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_missing_and_corrupt_checkpoints_are_one_sentence(eight_device_workdir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)

@@ -35,6 +35,7 @@ def test_same_seed_same_pairs_different_seed_different_pairs():
     assert sum(a != b for a, b in zip(first, other, strict=True)) > 400
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes_and_hash_seeds():
     code = (
         "import hashlib; from fxformer.data.grammar import generate_pairs; "

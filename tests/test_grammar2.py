@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import small_config
 
 from fxformer.data import corpora, grammar, grammar2, lexicon2
@@ -116,6 +117,7 @@ def test_same_seed_same_pairs_different_seed_different_pairs():
     assert first != grammar.generate_pairs(500, seed=3)
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes_and_hash_seeds():
     code = (
         "import hashlib; from fxformer.data.grammar2 import generate_pairs; "

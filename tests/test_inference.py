@@ -25,6 +25,7 @@ def translate(workdir, *flags):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_nbest_prints_k_scored_translations_per_line_best_first(eight_device_workdir):
     out = translate(eight_device_workdir, "--config.decode.nbest=3").splitlines()
     assert len(out) == 4 * 3
@@ -39,6 +40,7 @@ def test_nbest_prints_k_scored_translations_per_line_best_first(eight_device_wor
     assert [best[i] for i in (0, 1, 3)] == [rows[3 * i][2] for i in (0, 1, 3)] and best[2] == ""
 
 
+@pytest.mark.slow
 def test_sampling_with_a_seed_repeats_and_another_seed_differs(eight_device_workdir):
     flags = ["--config.decode.strategy=sample", "--config.decode.temperature=0.7", "--config.decode.seed=5"]
     first, again = translate(eight_device_workdir, *flags), translate(eight_device_workdir, *flags)
@@ -48,6 +50,7 @@ def test_sampling_with_a_seed_repeats_and_another_seed_differs(eight_device_work
     assert len(texts) > 1  # hot samples of one sentence differ
 
 
+@pytest.mark.slow
 def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(eight_device_workdir):
     for flag, words in (("--config.model.d_model=8", "fixed by the trained run"),
                         ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
@@ -58,6 +61,7 @@ def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(ei
         assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, tmp_path):
     evaluated = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", "--step=20", "--limit=30")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -78,6 +82,7 @@ def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, 
     assert short.returncode == exitcodes.USER_ERROR and "has 30 lines but the test split has" in short.stderr
 
 
+@pytest.mark.slow
 def test_a_workdir_from_before_the_decode_section_still_evaluates(eight_device_workdir, tmp_path):
     workdir = tmp_path / "old"
     shutil.copytree(eight_device_workdir, workdir)
@@ -91,6 +96,7 @@ def test_a_workdir_from_before_the_decode_section_still_evaluates(eight_device_w
     assert written["beam_size"] == 2 and written["decode"]["beam_size"] == 2  # taken from the old field
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2t"])
 def test_the_t2t_beam_variant_runs_from_the_command_line(eight_device_workdir, variant):
     out = translate(eight_device_workdir, f"--config.decode.beam_variant={variant}")

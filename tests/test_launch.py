@@ -43,6 +43,7 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"dry-run output differs from {path} (see this file's docstring)"
 
 
+@pytest.mark.slow
 def test_tpu_dry_run_matches_golden_file():
     result = experiments(
         "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--evaluate",
@@ -64,6 +65,7 @@ def test_tpu_dry_run_matches_golden_file():
         assert line.endswith(tail)
 
 
+@pytest.mark.slow
 def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
     result = experiments(
         "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--dry-run", "--",
@@ -74,6 +76,7 @@ def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
     assert "--worker=$i" in result.stdout and "gs://bucket/runs/base" in result.stdout
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_matches_golden_file():
     result = experiments(
         "launch", "--backend=slurm", "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--partition=gpu",
@@ -84,6 +87,7 @@ def test_slurm_dry_run_matches_golden_file():
     assert "srun " in result.stdout and "--requeue" in result.stdout and "scontrol requeue" in result.stdout
 
 
+@pytest.mark.slow
 def test_sbatch_script_is_valid_bash():
     result = experiments(
         "launch", "--backend=slurm", "--nodes=2", "--dry-run", "--", "--config=c.py", "--workdir=/shared/w"
@@ -92,6 +96,7 @@ def test_sbatch_script_is_valid_bash():
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_launcher_never_imports_jax():
     code = (
         "import sys; import experiments.__main__, experiments.launch, "
@@ -105,6 +110,7 @@ def test_launcher_never_imports_jax():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_launcher_refuses_bad_input_in_one_sentence():
     cases = [
         (["launch", "--backend=tpu", "--dry-run", "--", "--workdir=w"], "needs --tpu"),
@@ -118,6 +124,7 @@ def test_launcher_refuses_bad_input_in_one_sentence():
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, argv
 
 
+@pytest.mark.slow
 def test_distributed_under_slurm_without_srun_is_refused(tmp_path, data_dir):
     env = {**env_with_devices(1), "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1"}
     env.pop("SLURM_STEP_NODELIST", None)
@@ -154,6 +161,7 @@ def sigterm_one_process_after(workdir, process, steps):
     os.kill(pid, signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data_dir, corpus):
     common = {"num_train_steps": 30}
     straight = tmp_path / "straight"

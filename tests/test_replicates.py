@@ -168,6 +168,7 @@ def replicated(tmp_path_factory, data_dir):
     return root, result
 
 
+@pytest.mark.slow
 def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
     root, result = replicated
     assert result.stderr.count(": train (step 0/8") == 4
@@ -184,6 +185,7 @@ def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
     assert again.returncode == 0 and again.stderr.count("skipped") == 4 and ": train" not in again.stderr
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
     root, _ = replicated
     other = tmp_path / "t3"
@@ -193,6 +195,7 @@ def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_pat
     assert losses(other / "B1.s1") == losses(root / "B1.s1") and losses(other / "B1") == losses(root / "B1")
 
 
+@pytest.mark.slow
 def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replicated, tmp_path, data_dir):
     root = tmp_path / "t3"
     longer = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5", "--config.log_every_steps=1"]
@@ -216,6 +219,7 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
     assert json.loads((root / "B1" / "sweep.json").read_text())["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_path, data_dir):
     root, _ = replicated
     side = tmp_path / "t3"
@@ -249,6 +253,7 @@ def test_tpu_dry_run_of_a_replicated_row_matches_golden_file(fake_bucket, capsys
     assert not fake_bucket.store
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_of_a_replicated_row_matches_golden_file():
     result = experiments("run", "table3", "--root=/shared/table3", "--only=B1", "--seeds=2", "--backend=slurm",
                          "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--dry-run")  # fmt: skip

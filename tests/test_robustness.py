@@ -31,6 +31,7 @@ def test_check_config_refuses_in_one_sentence(overrides, message):
         train.check_config(config)
 
 
+@pytest.mark.slow
 def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
     import subprocess
 
@@ -44,6 +45,7 @@ def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_pat
     assert good.returncode == 0, good.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_params_counts_with_the_configs_vocabulary():
     import subprocess
     import sys
@@ -59,6 +61,7 @@ def test_params_counts_with_the_configs_vocabulary():
     assert expected != count_parameters(config.model, 37000)
 
 
+@pytest.mark.slow
 def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_workdir, tmp_path):
     import subprocess
     import sys
@@ -112,6 +115,7 @@ def test_divergence_watch():
     assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
 
 
+@pytest.mark.slow
 def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_it(tmp_path, data_dir, corpus):
     import subprocess
 
@@ -136,6 +140,7 @@ def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_i
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(tmp_path, data_dir, corpus):
     import shutil
     import subprocess
@@ -157,6 +162,7 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
     assert (workdir / "checkpoints" / "2").exists()
 
 
+@pytest.mark.slow
 def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, corpus):
     import shutil
 
@@ -169,6 +175,7 @@ def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path,
     assert "has metrics from an earlier run but no checkpoint: training starts from step 0" in again.stdout
 
 
+@pytest.mark.slow
 def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
     from conftest import run_train
 
@@ -182,6 +189,7 @@ def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path, data_dir, corpus):
     import subprocess
 
@@ -198,6 +206,7 @@ def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path
     assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
 
 
+@pytest.mark.slow
 def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
     import subprocess
 
@@ -231,6 +240,7 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
     assert "failed to load: ModuleNotFoundError" in run("fxformer.params", f"--config={broken}")
 
 
+@pytest.mark.slow
 def test_plot_writes_learning_curves(tmp_path):
     import json as _json
     import subprocess
@@ -263,6 +273,7 @@ def test_plot_writes_learning_curves(tmp_path):
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
 
 
+@pytest.mark.slow
 def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_device_workdir):
     import json as _json
     import subprocess
@@ -281,6 +292,7 @@ def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_dev
     assert f"chrF {written['chrf']:.2f}" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, data_dir, corpus):
     import json as _json
     import subprocess
@@ -304,6 +316,7 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir, corpus):
     import subprocess
 
@@ -341,6 +354,7 @@ def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir
     assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
 
 
+@pytest.mark.slow
 def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data_dir, corpus):
     from conftest import run_train
 
@@ -368,6 +382,7 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
     assert epochs[8] == pytest.approx(seen[8] / kept_target_tokens, rel=0.15)
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
     import subprocess
 
@@ -384,6 +399,7 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
 
 
+@pytest.mark.slow
 def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do(tmp_path, data_dir, corpus):
     import shutil
     import subprocess
@@ -422,6 +438,7 @@ def test_a_failed_preparation_names_the_readme_section_of_its_dataset():
     assert "'WMT 2014' section" in corpora_source.prepare_failure(ValueError("403"), wmt)
 
 
+@pytest.mark.slow
 def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agrees(tmp_path, data_dir, corpus):
     import json as _json
     import subprocess
@@ -468,6 +485,7 @@ def snapshot(workdir) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
     """A fresh workdir refused before training is left absent (then another d_model trains there);
     refused resumes leave config.json and every file byte for byte; a resume's changes are recorded

@@ -49,6 +49,7 @@ def losses(workdir: Path) -> dict[int, float]:
 # The description
 
 
+@pytest.mark.slow
 def test_plan_lists_every_table3_row_in_the_papers_layout():
     result = experiments("plan", "table3")
     assert result.returncode == 0, result.stderr
@@ -104,6 +105,7 @@ def test_first_difference_ignores_fields_only_one_side_has():
     assert runner.first_difference(old, {"model": {"d_k": 16, "d_v": 16, "new": 1}, "seed": 0}) is None
 
 
+@pytest.mark.slow
 def test_a_lease_holds_a_row_until_its_heartbeat_is_stale_or_its_process_is_gone(tmp_path):
     workdir = paths.Workdir(tmp_path / "row")
     rowstate.write_status(workdir, {"owner": "elsewhere:12", "heartbeat": time.time()})
@@ -135,6 +137,7 @@ def smoke(tmp_path_factory, data_dir):
     return root, result
 
 
+@pytest.mark.slow
 def test_smoke_sweep_trains_and_evaluates_each_row_the_papers_way(smoke):
     root, result = smoke
     for row in ("base", "B1", "E"):
@@ -148,6 +151,7 @@ def test_smoke_sweep_trains_and_evaluates_each_row_the_papers_way(smoke):
     assert json.loads((root / "sweep-root.json").read_text())["profile"] == "smoke"
 
 
+@pytest.mark.slow
 def test_a_second_run_skips_finished_rows(smoke):
     root, _ = smoke
     before = {row: (root / row / "metrics.jsonl").stat().st_mtime for row in ("base", "B1", "E")}
@@ -157,6 +161,7 @@ def test_a_second_run_skips_finished_rows(smoke):
     assert {row: (root / row / "metrics.jsonl").stat().st_mtime for row in before} == before
 
 
+@pytest.mark.slow
 def test_a_changed_config_is_refused_in_one_sentence(smoke):
     root, _ = smoke
     remembered = json.loads((root / "sweep-root.json").read_text())["extra"]
@@ -169,6 +174,7 @@ def test_a_changed_config_is_refused_in_one_sentence(smoke):
     assert (root / "B1").exists()  # a dry run moves nothing
 
 
+@pytest.mark.slow
 def test_a_trained_but_unevaluated_row_is_only_evaluated(smoke):
     root, _ = smoke
     for path in (root / "E" / "eval").iterdir():
@@ -183,6 +189,7 @@ def test_a_trained_but_unevaluated_row_is_only_evaluated(smoke):
     assert (root / "E" / "eval" / "validation-8.json").exists()
 
 
+@pytest.mark.slow
 def test_collect_on_a_partial_sweep_and_plot(smoke):
     root, _ = smoke
     result = experiments("collect", "table3", f"--root={root}")
@@ -212,6 +219,7 @@ def test_collect_on_a_partial_sweep_and_plot(smoke):
         assert data.startswith(b"\x89PNG") and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_a_row_another_launcher_runs_is_left_alone(tmp_path):
     root = tmp_path / "t3"
     rowstate.write_status(paths.Workdir(root / "C1"), {"owner": "another-host:42", "heartbeat": time.time()})
@@ -239,6 +247,7 @@ def uninterrupted(tmp_path_factory, data_dir):
     return losses(root / "base")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_path, data_dir, uninterrupted):
     root = tmp_path / "t3"
@@ -286,6 +295,7 @@ def test_tpu_dry_run_of_one_row_matches_golden_file(fake_bucket, capsys):
     assert not fake_bucket.store  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
     result = experiments("run", "table3", "--root=/shared/table3", "--only=B1", "--backend=slurm", "--nodes=2",
                          "--gpus_per_node=8", "--time=24:00:00", "--dry-run")  # fmt: skip
@@ -294,6 +304,7 @@ def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
     assert "--config=configs/table3.py:B1,paper --workdir=/shared/table3/B1 --distributed" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_row_is_retried_up_to_the_limit_then_skipped(tmp_path, data_dir):
     root = tmp_path / "t3"
     refused = ["--config.model.max_len=8"]  # fxformer.train refuses it: the row fails each time
@@ -310,6 +321,7 @@ def test_a_failing_row_is_retried_up_to_the_limit_then_skipped(tmp_path, data_di
     assert "| C1 | failed | 0/8 | 3 |" in status.stdout and "last exit status 2" in status.stdout
 
 
+@pytest.mark.slow
 def test_sweep_verbs_import_no_jax(tmp_path):
     code = (
         "import sys; from experiments import __main__ as m; "

@@ -168,6 +168,7 @@ def read_tensorboard_scalars(logdir, tag):
     return values
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_train(straight, data_dir, num_train_steps=60, checkpoint_every_steps=30)
@@ -199,6 +200,7 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
         np.testing.assert_allclose(pa[key], pb[key], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path, data_dir, corpus):
     workdir = tmp_path / "w"
@@ -221,6 +223,7 @@ def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path
     assert f"resumed from {workdir / 'checkpoints' / str(saved[0])}" in resumed.stdout
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, corpus):
     workdir = tmp_path / "w"
     run_train(workdir, data_dir, num_train_steps=5)
@@ -238,6 +241,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
         np.testing.assert_array_equal(good[key], after[key])
 
 
+@pytest.mark.slow
 def test_checkpoint_from_eight_devices_restores_on_one_and_four(eight_device_workdir):
     on8, on1, on4 = (final_params(eight_device_workdir, n) for n in (8, 1, 4))
     assert on8.keys() == on1.keys() == on4.keys()
@@ -246,6 +250,7 @@ def test_checkpoint_from_eight_devices_restores_on_one_and_four(eight_device_wor
         np.testing.assert_array_equal(on8[key], on4[key])
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_process_with_four_devices(tmp_path, data_dir, corpus):
     common = {"num_train_steps": 8, "data.num_shards": 2}
     single = tmp_path / "single"

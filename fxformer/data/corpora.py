@@ -27,8 +27,6 @@ from fxformer import paths
 from fxformer.data import grammar, grammar2
 from fxformer.errors import UserError
 
-tfds.disable_progress_bar()
-
 
 def _features(source_lang: str, target_lang: str) -> tfds.features.FeaturesDict:
     return tfds.features.FeaturesDict({source_lang: tfds.features.Text(), target_lang: tfds.features.Text()})

@@ -1,0 +1,52 @@
+"""Importing fxformer changes nothing in the process: no error hooks, warning filters, log filters,
+writer registrations or progress-bar settings until a command runs `cli.setup_process`."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import asyncio, importlib, logging, pkgutil, sys, warnings
+from tensorboardX import record_writer
+from tensorflow_datasets.core.utils import tqdm_utils
+
+def state():
+    return {
+        "sys.excepthook": sys.excepthook,
+        "sys.unraisablehook": sys.unraisablehook,
+        "warnings.filters": list(warnings.filters),
+        "asyncio logger filters": list(logging.getLogger("asyncio").filters),
+        "tensorboardX writer factories": dict(record_writer.REGISTERED_FACTORIES),
+        "TFDS progress bars": tqdm_utils._active,
+    }
+
+import fxformer
+names = sorted(m.name for m in pkgutil.walk_packages(fxformer.__path__, "fxformer."))
+before = state()
+changed = []
+for name in names:
+    importlib.import_module(name)
+    after = state()
+    changed += [f"{name}: {key}" for key in before if after[key] != before[key]]
+    before = after
+print(len(names), "modules")
+print("\\n".join(changed) or "nothing changed")
+
+from fxformer import cli
+cli.setup_process()
+after = state()
+print("set-up:", ", ".join(key for key in before if after[key] != before[key]))
+"""
+
+
+def test_importing_every_module_changes_no_global_state():
+    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert int(lines[0].split()[0]) >= 20, lines  # every module was imported
+    assert lines[1] == "nothing changed", lines
+    # and the commands' set-up does change each of them (the probe can see a change)
+    for key in ("sys.excepthook", "sys.unraisablehook", "warnings.filters", "asyncio logger filters"):
+        assert key in lines[2], lines
