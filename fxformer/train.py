@@ -172,22 +172,33 @@ class DivergenceWatch:
         return None
 
 
-class StopRequest:
-    """Set by SIGTERM (a pre-emption notice) or a first Ctrl-C: save at the next agreed step and stop.
+class StoppedBeforeTraining(UserError):
+    """SIGTERM or Ctrl-C before training began (data preparation, tokenizer, restore): nothing to save."""
 
-    Installed at the start of a command, so a signal during data preparation or compilation is
-    kept too; a second Ctrl-C interrupts at once.
+
+class StopRequest:
+    """SIGTERM (a pre-emption notice) or a first Ctrl-C. Installed at the start of a command:
+    before training begins (`training()`), it stops the command at once (StoppedBeforeTraining:
+    there is nothing to save, and a refused run leaves nothing behind); from then on it is kept,
+    and the run saves at the next agreed step and stops. A second Ctrl-C interrupts at once.
     """
 
     def __init__(self):
         self.signal: int | None = None
         self.early = ""  # why training stopped early by itself (early stopping): then the run is done
+        self.before_training = True
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def training(self) -> None:
+        """Training goes on from here: a signal now asks for a save at the next agreed step."""
+        self.before_training = False
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signal == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signum
+        if self.before_training:
+            raise StoppedBeforeTraining(f"{signal.Signals(signum).name} before training began")
 
     @property
     def name(self) -> str:
@@ -252,6 +263,7 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
 
     mngr, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
     started.append(True)
+    stop.training()
     recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
     if recorded:
         trainstate.write_workdir_config(config, workdir, start_step)
@@ -473,7 +485,13 @@ def main() -> int:
         config = trainstate.load_workdir_config(workdir)
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
-    state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
+    try:
+        state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
+    except StoppedBeforeTraining as e:
+        if checkpoint.complete_steps(workdir.checkpoints):
+            log(f"{e}: nothing new to save; run the same command to resume", flush=True)
+            return exitcodes.STOPPED
+        raise UserError(f"{e}: nothing was kept; run the same command again to train.") from None
     if int(state.step) < config.num_train_steps and not stop.early:
         return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
     return exitcodes.OK

@@ -1,6 +1,7 @@
 """Bad input is refused in one sentence before anything is written (issue: nothing lost or surprising)."""
 
 import math
+import signal
 import sys
 
 import pytest
@@ -534,3 +535,39 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 6
     history = [json.loads(line) for line in (workdir / "config-history.jsonl").read_text().splitlines()]
     assert history == [{"step": 4, "time": history[0]["time"], "changed": {"num_train_steps": [4, 6]}}]
+
+
+@pytest.mark.slow
+def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_path, data_dir, corpus):
+    """Before training begins a signal stops the command as soon as Python runs again (here within
+    seconds, during data preparation): 2 for a new run, whose workdir is removed; 75 for a resume,
+    whose workdir is left byte for byte."""
+    import subprocess
+    import time
+
+    from conftest import env_with_devices, run_train
+
+    def stopped_while_preparing(workdir, fresh_data_dir, **overrides):
+        command = train_command(workdir, fresh_data_dir, **overrides)
+        process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.PIPE, text=True)
+        for line in process.stdout:
+            if line.startswith("data: preparing"):
+                break
+        start = time.time()
+        process.send_signal(signal.SIGTERM)
+        rest = process.stdout.read()
+        status = process.wait(timeout=60)
+        process.stdout.close()
+        return status, time.time() - start, rest
+
+    fresh = tmp_path / "fresh"
+    status, seconds, out = stopped_while_preparing(fresh, tmp_path / "tfds-a", num_train_steps=2)
+    assert status == exitcodes.USER_ERROR and seconds < 30 and not fresh.exists(), out
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    before = snapshot(workdir)
+    status, seconds, out = stopped_while_preparing(workdir, tmp_path / "tfds-b", num_train_steps=4)
+    assert status == exitcodes.STOPPED and seconds < 30, out
+    assert "SIGTERM before training began: nothing new to save" in out
+    assert snapshot(workdir) == before
