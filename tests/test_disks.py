@@ -50,13 +50,15 @@ def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tm
     mnt.mkdir()
     size = kib_used(first) + checkpoint_kib * 3 // 2  # room for one more checkpoint, not two
     command = train_command(mnt / "w", data_dir, num_train_steps=8, checkpoint_every_steps=1, keep_checkpoints=0)
-    result = in_namespace(
-        f"mount -t tmpfs -o size={size}k tmpfs {mnt} && cp -r {first} {mnt}/w && "
-        f"{shlex.join(command)}; status=$?; cp -r {mnt}/w {after}; exit $status"
-    )
-    line = one_sentence(result, "Saving step 4", "failed (No space left on device)")
-    assert f"the last complete checkpoint is {mnt}/w/checkpoints/3" in line
-    assert "saved step" not in result.stdout
+    for attempt in range(10):  # asyncio's leftovers of the failed save were printed in some runs only
+        keep = f"cp -r {mnt}/w {after}; " if attempt == 0 else ""
+        result = in_namespace(
+            f"mount -t tmpfs -o size={size}k tmpfs {mnt} && cp -r {first} {mnt}/w && "
+            f"{shlex.join(command)}; status=$?; {keep}exit $status"
+        )
+        line = one_sentence(result, "Saving step 4", "failed (No space left on device)")
+        assert f"the last complete checkpoint is {mnt}/w/checkpoints/3" in line
+        assert "saved step" not in result.stdout
     resumed = run_train(after, data_dir, num_train_steps=5)
     assert "a save that never finished" in resumed.stdout and "checkpoints/3" in resumed.stdout
     assert sorted(p.name for p in (after / "checkpoints").iterdir()) == ["2", "3", "5"]
