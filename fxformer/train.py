@@ -320,14 +320,20 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
                 checkpoint.wait(mngr)
                 log(f"{stop_reason(stop, progress)}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
-    except BaseException:
+    except BaseException as e:
         checkpoint.close(mngr, failing=True)
+        if isinstance(e, (FileNotFoundError, UserError)) and not workdir.tokenizer.exists():  # removed under us
+            raise UserError(
+                f"The workdir {workdir} was removed while training (at step {step}); nothing more can be saved "
+                "there: run the same command to train again from step 0."
+            ) from None
         raise
     else:
         checkpoint.close(mngr)
     finally:
         best.close()
-        writer.close()
+        if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
+            writer.close()
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")
     return state

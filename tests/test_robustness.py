@@ -594,3 +594,26 @@ def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus)
         assert result.returncode == exitcodes.USER_ERROR
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr[:3000]
         assert f"Checkpoint {workdir}/checkpoints/4 is unreadable" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, corpus):
+    import shutil
+    import subprocess
+    import time
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=5, log_every_steps=1)
+    process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not (workdir / "checkpoints" / "10").exists():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    shutil.rmtree(workdir, ignore_errors=True)  # the run goes on writing: some files may stay
+    status, err = process.wait(timeout=120), process.stderr.read()
+    process.stderr.close()
+    assert status == exitcodes.USER_ERROR and len(err.strip().splitlines()) == 1, err[:3000]
+    assert f"The workdir {workdir} was removed while training" in err
