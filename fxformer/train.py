@@ -292,6 +292,8 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
             minutes = config.checkpoint_every_minutes
             now = agree(config, step, stop, progress, 0 < minutes <= (time.time() - last_save) / 60)
             due = what_is_due(config, step, now, dev_bleu is not None)
+            if due.log and not workdir.tokenizer.exists():  # the workdir was removed under the run
+                raise FileNotFoundError(workdir.tokenizer)
             logged, steps = fetch(pending, watch, step, mngr) if due.log else ({}, 0)  # no save of unchecked losses
             if due.dev_loss:
                 max_len = model.config.max_len
