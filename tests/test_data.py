@@ -266,3 +266,15 @@ def test_broken_gzip_files_and_directories_are_named_in_one_sentence(tmp_path):
     config.data.dataset, config.data.source_file, config.data.target_file = "text", str(tmp_path), "x.de"
     with pytest.raises(corpora.UserError, match=f"data.source_file '{tmp_path}' is a directory"):
         corpora.get_builder(config.data)
+
+
+def test_an_empty_embedded_split_and_a_long_preparation_error_are_one_readable_sentence(tmp_path):
+    config = small_config(tmp_path)
+    config.data.num_train = 0
+    with pytest.raises(corpora.UserError, match="data.num_train must be at least 1 for the embedded corpus, not 0"):
+        corpora.get_builder(config.data)
+    long = "Failed to establish a new connection: " + "HTTPSConnectionPool(host='statmt.org', port=443) " * 10
+    message = corpora.prepare_failure(ConnectionError(long + "\nsecond line"), config.data, "/data")
+    inner = message.split("(ConnectionError: ", 1)[1].rsplit("); see the README", 1)[0]
+    assert inner.endswith(" ...") and len(inner) <= 244 and "second line" not in message
+    assert long.startswith(inner.removesuffix(" ...")) and long[len(inner) - 4] == " "  # cut at a word boundary

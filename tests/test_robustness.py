@@ -516,6 +516,7 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     damaged = snapshot(workdir)
     result = train(workdir, num_train_steps=8, learning_rate_scale=3.0)
     assert result.returncode == exitcodes.USER_ERROR and "is unreadable" in result.stderr, result.stderr[-2000:]
+    assert "resume from the one before it" in result.stderr and "--step" not in result.stderr  # train has no --step
     assert snapshot(workdir) == damaged  # config.json keeps the schedule the run trained with
     for path in arrays:
         path.write_bytes(before[str(path.relative_to(workdir))])

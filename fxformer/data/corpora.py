@@ -197,6 +197,11 @@ def get_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     """The TFDS builder that `config.data` names (not yet prepared)."""
     data_dir = os.path.expanduser(data.tfds_data_dir) if data.tfds_data_dir else None
     if data.dataset in EMBEDDED:
+        for split in ("train", "validation", "test"):
+            if data[f"num_{split}"] < 1:
+                raise UserError(
+                    f"data.num_{split} must be at least 1 for the {data.dataset} corpus, not {data[f'num_{split}']}."
+                )
         if (data.source_lang, data.target_lang) != ("en", "de"):
             raise UserError(
                 f"The {data.dataset} corpus translates en -> de; set data.source_lang=en, data.target_lang=de."
@@ -264,9 +269,17 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
     return builder
 
 
+def shortened(text: str, limit: int = 240) -> str:
+    """The first line of `text`, cut at a word boundary to at most `limit` characters ('...' if cut)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def prepare_failure(error: Exception, data: ml_collections.ConfigDict, where="") -> str:
     """One sentence for a failed preparation: what failed, and where to read more."""
-    what = f"Could not prepare '{data.dataset}' in {where} ({type(error).__name__}: {str(error)[:200]})"
+    what = f"Could not prepare '{data.dataset}' in {where} ({type(error).__name__}: {shortened(str(error))})"
     if data.dataset.startswith("wmt"):
         return what + "; see the README's 'WMT 2014' section."
     return what + "; see the README's 'Data' section."
