@@ -366,3 +366,17 @@ def test_a_root_written_with_the_old_record_name_is_found_and_the_record_renamed
     assert "profile smoke" in out.out and "moved from sweep.json to sweep-root.json" in out.err
     assert json.loads((root / "sweep-root.json").read_text()) == record and not (root / "sweep.json").exists()
     assert experiments_main.main(["status", "table3", f"--root={root}", "--only=base", "--dry-run"]) == 0
+
+
+def test_a_damaged_sweep_status_file_is_one_sentence_for_every_verb(tmp_path, capsys):
+    root = tmp_path / "t3"
+    (root / "base").mkdir(parents=True)
+    (root / "sweep-root.json").write_text('{"sweep": "table3", "profile": "smoke", "extra": []}')
+    (root / "base" / "sweep.json").write_text('{"owner": "host:1", "attem')  # cut short by a storage fault
+    for verb in ("status", "collect", "run"):
+        assert experiments_main.main([verb, "table3", f"--root={root}", "--only=base"]) == exitcodes.USER_ERROR
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "sweep.json (the sweep's record of this row) is damaged" in err[0], err
+    (root / "sweep-root.json").write_text('{"sweep": "tab')
+    assert experiments_main.main(["status", "table3", f"--root={root}"]) == exitcodes.USER_ERROR
+    assert "sweep-root.json (the sweep's root record) is damaged" in capsys.readouterr().err
