@@ -240,11 +240,17 @@ def footer(ctx: Context, records: list[dict]) -> list[str]:
     for m in ctx.sweep.metrics:
         verdicts = [r["direction"][m] for r in records if r["direction"][m]]
         counted = [v for v in verdicts if v in ("agree", "disagree", "tie")]
+        names = [r["row"] for r in records if r["direction"][m] in ("agree", "disagree", "tie")]
         if counted:
             lines.append(
                 f"{m.upper()} direction as the paper's: {counted.count('agree')} agree, {counted.count('tie')} tie, "
-                f"{counted.count('disagree')} disagree, of {len(counted)} rows where the paper's difference is "
-                f"not a tie ({', '.join(r['row'] for r in records if r['direction'][m] in counted)})."
+                f"{counted.count('disagree')} disagree, of the {len(counted)} rows with 2 or more paired seeds "
+                f"where the paper's difference is not a tie ({', '.join(names)})"
+                + (
+                    f"; {len(verdicts) - len(counted)} more rows have one seed or are paper ties."
+                    if len(verdicts) > len(counted)
+                    else "."
+                )
             )
         elif verdicts:
             agree = sum(v.endswith("agree") and "disagree" not in v for v in verdicts)
