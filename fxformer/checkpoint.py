@@ -138,9 +138,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
     except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
         if data_iterator is not None and "process_" in str(e):
             raise UserError(data_position_problem(mngr.directory, step)) from None
-        fix = "delete that step's directory to resume from the one before it" if data_iterator is not None else (
-            "delete that step's directory or pick another with --step"
-        )  # fmt: skip
+        fix = "delete that step's directory or pick another with --step"  # evaluate, translate
+        if data_iterator is not None:  # train, which has no --step
+            fix = "delete that step's directory to resume from the one before it"
         raise UserError(f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); {fix}.") from None
 
 

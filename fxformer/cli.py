@@ -69,7 +69,12 @@ def setup_process() -> None:
     quiet_failed_saves()
 
 
-def _quiet_closed_loop(hook):
+# What marks an exception as raised by checkpoint I/O (orbax, and the TensorStore reads and
+# writes under it, whose tasks may hold no orbax frame): fxformer reports those failures itself.
+CHECKPOINT_IO = ("/orbax/", "tensorstore", "array_serialization")
+
+
+def _quiet_checkpoint_leftovers(hook):
     """`hook` (sys.excepthook / sys.unraisablehook), silent about what orbax leaves behind when a
     save or a restore fails: write callbacks that land on an event loop already closed, and the
     read coroutines of a damaged checkpoint's other arrays, collected with their exception
@@ -80,14 +85,14 @@ def _quiet_closed_loop(hook):
         error = args[1] if len(args) == 3 else getattr(args[0], "exc_value", None)
         if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
             return
-        if len(args) == 1 and _raised_in_orbax(getattr(args[0], "exc_traceback", None)):
+        if len(args) == 1 and _raised_in_checkpoint_io(getattr(args[0], "exc_traceback", None)):
             return
         hook(*args)
 
     return quiet
 
 
-def _raised_in_orbax(tb) -> bool:
+def _raised_in_checkpoint_io(tb) -> bool:
     return tb is not None and any(
         mark in frame.filename for frame in traceback.extract_tb(tb) for mark in CHECKPOINT_IO
     )
@@ -104,17 +109,12 @@ def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
     return any(mark in text for mark in CHECKPOINT_IO)
 
 
-# What marks an exception as raised by checkpoint I/O (orbax, and the TensorStore reads and
-# writes under it, whose tasks may hold no orbax frame): fxformer reports those failures itself.
-CHECKPOINT_IO = ("/orbax/", "tensorstore", "array_serialization")
-
-
 def quiet_failed_saves() -> None:
     """Silence what a failed background save leaves behind (closed event loops, never-awaited
     writes, asyncio's "never retrieved"): `check` and `wait` report the failure in one sentence.
     Part of `setup_process`."""
-    sys.excepthook = _quiet_closed_loop(sys.excepthook)
-    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+    sys.excepthook = _quiet_checkpoint_leftovers(sys.excepthook)
+    sys.unraisablehook = _quiet_checkpoint_leftovers(sys.unraisablehook)
     warnings.filterwarnings("ignore", "coroutine 'async_serialize.*' was never awaited", RuntimeWarning)
     logging.getLogger("asyncio").addFilter(_keep_asyncio_record)
 

@@ -231,16 +231,17 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
     check_config(config)
     trainstate.check_workdir_config(config, workdir)
     fresh = not paths.as_path(workdir).exists() or not any(paths.as_path(workdir).iterdir())
-    started: list[bool] = []  # set once training goes on: from then on the workdir is the run's
     try:
-        return _accepted(config, workdir, log, stop, started)
+        return _accepted(config, workdir, log, stop)
     except UserError:
-        if fresh and not started and jax.process_index() == 0:
+        if (
+            fresh and stop.before_training and jax.process_index() == 0
+        ):  # once training goes on, the workdir is the run's
             paths.remove_tree(workdir)  # what preparing it wrote (the tokenizer copy): a refusal leaves nothing
         raise
 
 
-def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: list[bool]) -> TrainState:
+def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
     mesh = parallel.data_mesh()
     builder, tokenizer = prepare_data(config, workdir, log)
     train_source = corpora.data_source(builder, config.data.train_split)
@@ -262,7 +263,6 @@ def _accepted(config, workdir: paths.Workdir, log, stop: StopRequest, started: l
     dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
 
     mngr, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
-    started.append(True)
     stop.training()
     recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
     if recorded:

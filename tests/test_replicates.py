@@ -6,17 +6,15 @@ Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/t
 """
 
 import json
-import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from test_launch import check_golden, head_commit
-from test_sweep import REPO, experiments, losses, sweep_command
+from test_sweep import LONGER, experiments, losses, started_until_checkpoint, sweep_command
 
 from experiments import __main__ as experiments_main
 from experiments import report, runner, stats
@@ -198,15 +196,10 @@ def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_pat
 @pytest.mark.slow
 def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replicated, tmp_path, data_dir):
     root = tmp_path / "t3"
-    longer = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5", "--config.log_every_steps=1"]
     argv = sweep_command("run", "table3", f"--root={root}", "--profile=smoke", "--only=B1", "--seeds=2",
-                         data_dir=data_dir, extra=longer)  # fmt: skip
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-    launcher = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    checkpoints, deadline = root / "B1.s1" / "checkpoints", time.time() + 300
-    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
-        assert launcher.poll() is None and time.time() < deadline, "the replicate ended before it could be stopped"
-        time.sleep(0.1)
+                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    checkpoints = root / "B1.s1" / "checkpoints"
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, stdout=subprocess.DEVNULL)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=120) == exitcodes.STOPPED
     launcher.stderr.close()

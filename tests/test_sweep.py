@@ -34,10 +34,23 @@ def sweep_command(*argv, data_dir=None, extra=()):
     return [sys.executable, "-m", "experiments", *argv, *tail]
 
 
+def sweep_env() -> dict:
+    return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+
+
 def experiments(*argv, data_dir=None, extra=(), **kwargs):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-    return subprocess.run(sweep_command(*argv, data_dir=data_dir, extra=extra), cwd=REPO, env=env,
+    return subprocess.run(sweep_command(*argv, data_dir=data_dir, extra=extra), cwd=REPO, env=sweep_env(),
                           capture_output=True, text=True, **kwargs)  # fmt: skip
+
+
+def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """A sweep command, started and returned once `checkpoints` holds step 10 or later."""
+    launcher = subprocess.Popen(argv, cwd=REPO, env=sweep_env(), stdout=stdout, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout_s
+    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
+        assert launcher.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.1)
+    return launcher
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -253,12 +266,8 @@ def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_pat
     root = tmp_path / "t3"
     argv = sweep_command("run", "table3", f"--root={root}", "--profile=smoke", "--only=base",
                          data_dir=data_dir, extra=LONGER)  # fmt: skip
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-    launcher = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    checkpoints, deadline = root / "base" / "checkpoints", time.time() + 120
-    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
-        assert launcher.poll() is None and time.time() < deadline, "the row ended before it could be stopped"
-        time.sleep(0.1)
+    checkpoints = root / "base" / "checkpoints"
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120)
     trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
     if sig == signal.SIGTERM:
         launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop

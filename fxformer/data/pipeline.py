@@ -78,16 +78,15 @@ def check_lengths(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict,
         return
     count = min(len(source), LENGTH_SAMPLE)
     tokenize = tokenize_fn(tokenizer, data.source_lang, data.target_lang)
-    longer_sides = []
-    for i in np.linspace(0, len(source) - 1, count).astype(int):
-        example = tokenize(source[int(i)])
-        longer_sides.append(max(len(example["inputs"]), len(example["targets"])))
-    kept = sum(length <= data.max_length for length in longer_sides)
+    examples = [tokenize(source[int(i)]) for i in np.linspace(0, len(source) - 1, count).astype(int)]
+    length_filter = LengthFilter(data.max_length, data.overlong)  # the rule training applies
+    kept = sum(length_filter(example) is not None for example in examples)
     sampled = f"all {count:,}" if count == len(source) else f"a sample of {count:,}"
     if kept == 0:
         raise UserError(
             f"data.max_length={data.max_length} keeps none of {sampled} training pairs (the shortest has "
-            f"{min(longer_sides)} tokens on its longer side, EOS included), so training could never fill a batch; "
+            f"{min(max(len(e['inputs']), len(e['targets'])) for e in examples)} tokens on its longer side, "
+            "EOS included), so training could never fill a batch; "
             f"raise data.max_length or set data.overlong=truncate."
         )
     if kept < count / 2:
