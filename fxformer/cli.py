@@ -98,6 +98,11 @@ def _raised_in_checkpoint_io(tb) -> bool:
     )
 
 
+# What a TensorStore error of a checkpoint write names when its future carries no traceback
+# (it is set from C++): the OCDBT store and the temporary directory of a save in progress.
+CHECKPOINT_WRITE = ("OCDBT database", ".orbax-checkpoint-tmp")
+
+
 # asyncio logs orbax's failed background writes when their tasks are collected; `check` and
 # `wait` report the failed save itself, in one sentence.
 def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
@@ -106,7 +111,7 @@ def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
         return False
     if record.exc_info and record.exc_info[2] is not None:
         text += "".join(traceback.format_tb(record.exc_info[2]))
-    return any(mark in text for mark in CHECKPOINT_IO)
+    return any(mark in text for mark in CHECKPOINT_IO + CHECKPOINT_WRITE)
 
 
 def quiet_failed_saves() -> None:

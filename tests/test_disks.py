@@ -98,3 +98,33 @@ def test_evaluate_refuses_a_read_only_or_full_workdir_before_evaluating(eight_de
     )
     one_sentence(full, f"Cannot write to {mnt}/w/eval (no space left on the disk)")
     assert "beam search" not in full.stderr
+
+
+LEFT_BEHIND = """
+import asyncio, gc, sys
+from fxformer import cli
+cli.setup_process()
+loop = asyncio.new_event_loop()
+future = loop.create_future()  # as TensorStore sets it: from C++, with no traceback
+future.set_exception(ValueError(sys.argv[1]))
+del future
+gc.collect()
+"""
+
+
+@pytest.mark.parametrize(
+    "error, printed",
+    [
+        (  # what a full disk left in 1 of 10 runs of the test above (CI, 2026-11-24)
+            'RESOURCE_EXHAUSTED: Error writing "opt_state.0.mu/0.0" in OCDBT database at local file '
+            '"/w/checkpoints/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/": '
+            "Failed to write 174175 bytes to file 9: No space left on device [os_error_code='28']",
+            False,
+        ),
+        ("a future of someone else's code", True),
+    ],
+)
+def test_asyncio_is_silent_about_a_failed_checkpoint_write_only(error, printed):
+    result = subprocess.run([sys.executable, "-c", LEFT_BEHIND, error], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert ("exception was never retrieved" in result.stderr) == printed, result.stderr
