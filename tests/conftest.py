@@ -1,10 +1,12 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 # One compilation cache for the whole session, shared by every command the tests start: the
@@ -161,3 +163,27 @@ def eight_device_workdir(tmp_path_factory, data_dir, corpus):
     result = run_train(workdir, data_dir, devices=8, num_train_steps=20, checkpoint_every_steps=10)
     assert "8 devices" in result.stdout
     return workdir
+
+
+def snapshot(path) -> dict[str, bytes] | None:
+    """Every file under `path` by relative name ("" for `path` itself if it is a file), and every
+    directory (b"<dir>"): compared byte for byte before and after a refusal. None if it is absent."""
+    root = Path(path)
+    if not root.exists():
+        return None
+    if root.is_file():
+        return {"": root.read_bytes()}
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(root.rglob("*"))}
+
+
+@contextlib.contextmanager
+def left_as_is(*paths):
+    """What every refusal owes the workdirs (or sweep roots) it names: each of `paths` byte for byte
+    as before the command inside (`config.json` included), and still absent if it was absent."""
+    before = [snapshot(path) for path in paths]
+    yield
+    for path, was in zip(paths, before):
+        now = snapshot(path)
+        if now != was:
+            changed = sorted(k for k in {*(was or {}), *(now or {})} if (was or {}).get(k) != (now or {}).get(k))
+            raise AssertionError(f"the refused command changed {path}: {'created' if was is None else changed}")

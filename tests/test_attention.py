@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FakeBucket, env_with_devices, small_config
+from conftest import FakeBucket, env_with_devices, left_as_is, small_config
 from etils import epath
 from test_paths import fake_gcs  # noqa: F401  (a fixture)
 
@@ -298,11 +298,11 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
                         ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
                         ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
                         ([w, "--source=The dog.", "--name=../x"], "not a plain folder name")):  # fmt: skip
-        result = command("fxformer.attention", *args)
+        with left_as_is(empty, eight_device_workdir):
+            result = command("fxformer.attention", *args)
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], result.stderr
-    assert not (empty / "attention").exists() and not (eight_device_workdir / "attention").exists()
 
 
 @pytest.mark.slow  # restores a trained run in-process

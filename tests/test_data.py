@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import small_config
+from conftest import left_as_is, small_config
 from tensorflow_datasets.translate import wmt14
 
 from fxformer.data import corpora, pipeline, tokenizer_for
@@ -208,11 +208,12 @@ def test_own_parallel_text_files(tmp_path):
 
 @pytest.mark.slow
 def test_missing_data_is_one_sentence(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", "--config.data.dataset=text",
-         f"--config.data.source_file={tmp_path}/nope.en", f"--config.data.target_file={tmp_path}/nope.de"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    with left_as_is(tmp_path):
+        result = subprocess.run(
+            [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", "--config.data.dataset=text",
+             f"--config.data.source_file={tmp_path}/nope.en", f"--config.data.target_file={tmp_path}/nope.de"],
+            capture_output=True, text=True,
+        )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"error: data.source_file '{tmp_path}/nope.en' does not exist."
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import env_with_devices, run_train, train_command
+from conftest import env_with_devices, left_as_is, run_train, train_command
 
 from fxformer import exitcodes
 
@@ -71,8 +71,8 @@ def test_a_full_disk_before_a_run_is_refused_before_any_work(tmp_path, data_dir,
     command = train_command(mnt / "w", data_dir, num_train_steps=2)
     result = in_namespace(
         f"mount -t tmpfs -o size=256k tmpfs {mnt} && (dd if=/dev/zero of={mnt}/fill bs=4k 2>/dev/null; true) && "
-        f"{shlex.join(command)}"
-    )
+        f"{shlex.join(command)}; status=$?; [ -e {mnt}/w ] && echo 'left {mnt}/w behind' >&2; exit $status"
+    )  # the tmpfs is gone when the namespace ends: the workdir's absence is checked inside it
     one_sentence(result, f"Cannot write to {mnt}/w (no space left on the disk)")
     assert "model:" not in result.stdout  # refused before data preparation and the model
 
@@ -82,10 +82,11 @@ def test_evaluate_refuses_a_read_only_or_full_workdir_before_evaluating(eight_de
     evaluate = [sys.executable, "-m", "fxformer.evaluate", "--step=20", "--limit=8"]
     copy = tmp_path / "w"
     shutil.copytree(eight_device_workdir, copy)
-    read_only = in_namespace(
-        f"mount --bind {copy} {copy} && mount -o remount,bind,ro {copy} && "
-        f"{shlex.join([*evaluate, f'--workdir={copy}'])}"
-    )
+    with left_as_is(copy):
+        read_only = in_namespace(
+            f"mount --bind {copy} {copy} && mount -o remount,bind,ro {copy} && "
+            f"{shlex.join([*evaluate, f'--workdir={copy}'])}"
+        )
     one_sentence(read_only, f"Cannot write to {copy}/eval (the file system is read-only)")
     assert "beam search" not in read_only.stderr  # refused before the evaluation ran
 
@@ -95,6 +96,7 @@ def test_evaluate_refuses_a_read_only_or_full_workdir_before_evaluating(eight_de
         f"mount -t tmpfs -o size={kib_used(copy) + 512}k tmpfs {mnt} && cp -r {copy} {mnt}/w && rm -rf {mnt}/w/eval"
         f" && (dd if=/dev/zero of={mnt}/fill bs=4k 2>/dev/null; true)"
         f" && {shlex.join([*evaluate, f'--workdir={mnt}/w'])}"
+        f"; status=$?; [ -e {mnt}/w/eval ] && echo 'left {mnt}/w/eval behind' >&2; exit $status"
     )
     one_sentence(full, f"Cannot write to {mnt}/w/eval (no space left on the disk)")
     assert "beam search" not in full.stderr

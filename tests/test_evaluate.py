@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import env_with_devices
+from conftest import env_with_devices, left_as_is
 
 from fxformer import checkpoint, parallel, trainstate
 from fxformer.data import corpora
@@ -90,7 +90,8 @@ def test_missing_and_corrupt_checkpoints_are_one_sentence(eight_device_workdir, 
     for path in (workdir / "checkpoints" / "20" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 1000:
             path.write_bytes(path.read_bytes()[:100])  # truncate the array data
-    result = run("fxformer.evaluate", f"--workdir={workdir}", "--step=20")
+    with left_as_is(workdir):
+        result = run("fxformer.evaluate", f"--workdir={workdir}", "--step=20")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip().splitlines()[-1].startswith(f"error: Checkpoint {workdir}/checkpoints/20 is unreadable")
@@ -99,9 +100,11 @@ def test_missing_and_corrupt_checkpoints_are_one_sentence(eight_device_workdir, 
     assert result.returncode == 0, result.stderr[-3000:]
 
     shutil.rmtree(workdir / "checkpoints")
-    result = run("fxformer.evaluate", f"--workdir={workdir}")
+    with left_as_is(workdir):
+        result = run("fxformer.evaluate", f"--workdir={workdir}")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {workdir}/checkpoints holds no checkpoint; train first."
-    result = run("fxformer.evaluate", f"--workdir={tmp_path}/nowhere")
+    with left_as_is(tmp_path / "nowhere"):
+        result = run("fxformer.evaluate", f"--workdir={tmp_path}/nowhere")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {tmp_path}/nowhere has no config.json; is it a training workdir?"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import env_with_devices
+from conftest import env_with_devices, left_as_is
 
 from fxformer import exitcodes
 
@@ -56,7 +56,8 @@ def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(ei
                         ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
                         ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
                         ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'")):  # fmt: skip
-        result = run("fxformer.translate", f"--workdir={eight_device_workdir}", flag, stdin=LINES)
+        with left_as_is(eight_device_workdir):
+            result = run("fxformer.translate", f"--workdir={eight_device_workdir}", flag, stdin=LINES)
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
 
@@ -78,7 +79,8 @@ def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, 
                                   "-w", "2"], capture_output=True, text=True, check=True).stdout.strip()
                   for metric in ("bleu", "chrf"))  # fmt: skip
     assert f"BLEU {bleu}, chrF {chrf}" in scored.stdout and 20 < float(bleu) < 90
-    short = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}")
+    with left_as_is(eight_device_workdir):
+        short = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}")
     assert short.returncode == exitcodes.USER_ERROR and "has 30 lines but the test split has" in short.stderr
 
 

@@ -5,7 +5,7 @@ import signal
 import sys
 
 import pytest
-from conftest import logged, train_command
+from conftest import left_as_is, logged, snapshot, train_command
 
 from configs import with_overrides
 from fxformer import cli, configfile, exitcodes, train
@@ -37,8 +37,9 @@ def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_pat
     import subprocess
 
     workdir = tmp_path / "w"
-    bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
-                         capture_output=True, text=True)  # fmt: skip
+    with left_as_is(workdir):
+        bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
+                             capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == exitcodes.USER_ERROR and "error: model.d_model" in bad.stderr and "33" in bad.stderr
     assert not (workdir / "config.json").exists()
     good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
@@ -82,7 +83,8 @@ def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_wo
     out = result.stdout.split("\n")
     assert len(out) == 5 and out[1] == "" and out[2] == "" and out[0] and out[3] and out[4] == ""
 
-    bad = subprocess.run(command, input=b"\xff\xfe\n", capture_output=True, env=env_with_devices(1))
+    with left_as_is(eight_device_workdir):
+        bad = subprocess.run(command, input=b"\xff\xfe\n", capture_output=True, env=env_with_devices(1))
     assert bad.returncode == exitcodes.USER_ERROR and b"not UTF-8" in bad.stderr and b"Traceback" not in bad.stderr
 
     many = tmp_path / "many.txt"
@@ -155,8 +157,9 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
     other = small_config(data_dir, vocab_size=300)
     shutil.copy(tokenizer_for(other.data, corpora.prepare(other.data)).path, workdir / "tokenizer.model")
     for command in ("fxformer.evaluate", "fxformer.train"):
-        result = subprocess.run([sys.executable, "-m", command, f"--workdir={workdir}"],
-                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        with left_as_is(workdir):
+            result = subprocess.run([sys.executable, "-m", command, f"--workdir={workdir}"],
+                                    env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
         assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
         assert "holds a different model" in result.stderr and "400 x 32 in the checkpoint vs 300 x 32" in result.stderr
         assert "delete" not in result.stderr and "Traceback" not in result.stderr
@@ -214,7 +217,9 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
     from conftest import env_with_devices
 
     def run(*argv):
-        result = subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True)
+        with left_as_is(tmp_path):
+            result = subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True,
+                                    text=True)  # fmt: skip
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr[-2000:]
         return result.stderr.strip()
 
@@ -269,8 +274,9 @@ def test_plot_writes_learning_curves(tmp_path):
     (tmp_path / "a" / "metrics.jsonl").write_text(_json.dumps(one) + "\n")
     subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}"], check=True)
     assert width((tmp_path / "a" / "curves.png").read_bytes()) == width(png) * 4 // 3  # a fourth panel: dev BLEU
-    empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
-                           capture_output=True, text=True)  # fmt: skip
+    with left_as_is(tmp_path):
+        empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
+                               capture_output=True, text=True)  # fmt: skip
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
 
 
@@ -312,8 +318,9 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
     assert written["checkpoint_steps"] == [best_step]
     assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
-    bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
-                         env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    with left_as_is(workdir):
+        bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
+                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
 
 
@@ -410,8 +417,9 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
     workdir = tmp_path / "w"
     run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
     (workdir / "checkpoints" / "4" / "data" / "process_0-of-1.json").unlink()
-    resumed = subprocess.run(train_command(workdir, data_dir, num_train_steps=6, checkpoint_every_steps=2),
-                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    with left_as_is(workdir):
+        resumed = subprocess.run(train_command(workdir, data_dir, num_train_steps=6, checkpoint_every_steps=2),
+                                 env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == exitcodes.USER_ERROR and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
     assert "different number of processes" not in resumed.stderr
     assert "checkpoints/4" in resumed.stderr and "data position" in resumed.stderr, resumed.stderr
@@ -422,7 +430,8 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
     for path in averaged.rglob("*"):
         if path.is_file() and path.name != "_CHECKPOINT_METADATA":
             path.write_bytes(b"garbage")
-    broken = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
+    with left_as_is(workdir):
+        broken = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
     assert broken.returncode == exitcodes.USER_ERROR and "Traceback" not in broken.stderr
     assert "it is only a cache" in broken.stderr and f"delete {averaged}" in broken.stderr
     shutil.rmtree(averaged)
@@ -462,8 +471,9 @@ def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agree
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     written = _json.loads((workdir / "eval" / f"validation-{best_step}-best-first24.json").read_text())
     assert written["bleu"] == pytest.approx(bleu[best_step], abs=1e-6) and bleu[best_step] > 0
-    no_bleu = subprocess.run(train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
-                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    with left_as_is(tmp_path / "x"):
+        no_bleu = subprocess.run(train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
+                                 env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
     assert no_bleu.returncode == exitcodes.USER_ERROR and "set dev_bleu_every_steps" in no_bleu.stderr
 
 
@@ -476,14 +486,6 @@ def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
     assert writer.last() == {"step": 2, "loss": 1.5}
-
-
-def snapshot(workdir) -> dict[str, bytes]:
-    """Every file under a workdir, by relative path: compared byte for byte before and after a refusal."""
-    from pathlib import Path
-
-    root = Path(workdir)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.slow
@@ -501,9 +503,9 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
                               capture_output=True, text=True)  # fmt: skip
 
     fresh = tmp_path / "fresh"
-    refused = train(fresh, **{"data.max_length": 3})
+    with left_as_is(fresh):
+        refused = train(fresh, **{"data.max_length": 3})
     assert refused.returncode == exitcodes.USER_ERROR and "keeps none of" in refused.stderr
-    assert not fresh.exists()
     assert train(fresh, **{"model.d_model": 64, "num_train_steps": 2}).returncode == 0
 
     workdir = tmp_path / "w"
@@ -513,19 +515,18 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     arrays = [p for p in arrays if p.stat().st_size > 1000]
     for path in arrays:
         path.write_bytes(path.read_bytes()[:100])  # truncate the array data
-    damaged = snapshot(workdir)
-    result = train(workdir, num_train_steps=8, learning_rate_scale=3.0)
+    with left_as_is(workdir):  # config.json keeps the schedule the run trained with
+        result = train(workdir, num_train_steps=8, learning_rate_scale=3.0)
     assert result.returncode == exitcodes.USER_ERROR and "is unreadable" in result.stderr, result.stderr[-2000:]
     assert "resume from the one before it" in result.stderr and "--step" not in result.stderr  # train has no --step
-    assert snapshot(workdir) == damaged  # config.json keeps the schedule the run trained with
     for path in arrays:
         path.write_bytes(before[str(path.relative_to(workdir))])
 
     config = (workdir / "config.json").read_bytes()
     (workdir / "config.json").unlink()  # then a resume with another model is refused by the checkpoint
-    result = train(workdir, **{"model.d_model": 64})
+    with left_as_is(workdir):
+        result = train(workdir, **{"model.d_model": 64})
     assert result.returncode == exitcodes.USER_ERROR and "holds a different model" in result.stderr
-    assert not (workdir / "config.json").exists()
     (workdir / "config.json").write_bytes(config)
 
     exploded = train(workdir, num_train_steps=8, learning_rate_scale=1e6)  # diverges before its first save
@@ -575,6 +576,35 @@ def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_pat
 
 
 @pytest.mark.slow
+def test_sigterm_during_compilation_stops_after_the_first_step_with_nothing_half_written(tmp_path, data_dir, corpus):
+    """The first step compiles the model (XLA: no Python runs until it returns, so the signal is
+    handled then): the run saves that step and exits 75 within seconds; no unfinished save is
+    left, and the same command resumes from it."""
+    import subprocess
+    import time
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=50, log_every_steps=10)
+    env = {**env_with_devices(1), "JAX_ENABLE_COMPILATION_CACHE": "false"}  # a real compilation, seconds long
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("model:"):  # printed just before the first step, which compiles
+            break
+    time.sleep(0.3)
+    start = time.time()
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    seconds = time.time() - start
+    assert process.returncode == exitcodes.STOPPED and seconds < 30, err[-2000:]
+    assert f"SIGTERM: saved step 1 to {workdir / 'checkpoints'}; exiting" in out, out
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]  # no unfinished save
+    resumed = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert resumed.returncode == 0 and f"resumed from {workdir / 'checkpoints' / '1'}" in resumed.stdout
+
+
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus):
     """orbax's reads of a damaged checkpoint's other arrays used to be collected with their errors
     unretrieved, printing hundreds of lines of TensorStore specs after the one-sentence error in
@@ -591,7 +621,8 @@ def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus)
     evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=4"]
     resume = train_command(workdir, data_dir, num_train_steps=8)
     for argv in [evaluate] * 10 + [resume] * 10:
-        result = subprocess.run(argv, env=env_with_devices(1), capture_output=True, text=True)
+        with left_as_is(workdir):
+            result = subprocess.run(argv, env=env_with_devices(1), capture_output=True, text=True)
         assert result.returncode == exitcodes.USER_ERROR
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr[:3000]
         assert f"Checkpoint {workdir}/checkpoints/4 is unreadable" in result.stderr

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import left_as_is
 from test_launch import check_golden, head_commit
 
 from experiments import __main__ as experiments_main
@@ -178,7 +179,8 @@ def test_a_second_run_skips_finished_rows(smoke):
 def test_a_changed_config_is_refused_in_one_sentence(smoke):
     root, _ = smoke
     remembered = json.loads((root / "sweep-root.json").read_text())["extra"]
-    result = experiments("run", "table3", f"--root={root}", "--only=B1", "--", *remembered, "--config.seed=7")
+    with left_as_is(root):
+        result = experiments("run", "table3", f"--root={root}", "--only=B1", "--", *remembered, "--config.seed=7")
     assert result.returncode == exitcodes.USER_ERROR
     assert result.stderr.count("\n") == 1 and "seed=0" in result.stderr and "--move_changed" in result.stderr
     moved = experiments("run", "table3", f"--root={root}", "--only=B1", "--move_changed", "--dry-run",
@@ -360,9 +362,9 @@ def test_a_slurm_row_is_held_while_squeue_lists_its_job(tmp_path, monkeypatch):
 
 def test_status_collect_and_plot_of_a_root_that_does_not_exist_are_refused(tmp_path, capsys):
     for verb in ("status", "collect", "plot"):
-        assert experiments_main.main([verb, "table3", f"--root={tmp_path}/mistyped"]) == exitcodes.USER_ERROR
+        with left_as_is(tmp_path / "mistyped"):
+            assert experiments_main.main([verb, "table3", f"--root={tmp_path}/mistyped"]) == exitcodes.USER_ERROR
         assert f"{tmp_path}/mistyped does not exist" in capsys.readouterr().err
-    assert not (tmp_path / "mistyped").exists()
 
 
 def test_a_root_written_with_the_old_record_name_is_found_and_the_record_renamed(tmp_path, capsys):
@@ -383,9 +385,11 @@ def test_a_damaged_sweep_status_file_is_one_sentence_for_every_verb(tmp_path, ca
     (root / "sweep-root.json").write_text('{"sweep": "table3", "profile": "smoke", "extra": []}')
     (root / "base" / "sweep.json").write_text('{"owner": "host:1", "attem')  # cut short by a storage fault
     for verb in ("status", "collect", "run"):
-        assert experiments_main.main([verb, "table3", f"--root={root}", "--only=base"]) == exitcodes.USER_ERROR
+        with left_as_is(root):
+            assert experiments_main.main([verb, "table3", f"--root={root}", "--only=base"]) == exitcodes.USER_ERROR
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "sweep.json (the sweep's record of this row) is damaged" in err[0], err
     (root / "sweep-root.json").write_text('{"sweep": "tab')
-    assert experiments_main.main(["status", "table3", f"--root={root}"]) == exitcodes.USER_ERROR
+    with left_as_is(root):
+        assert experiments_main.main(["status", "table3", f"--root={root}"]) == exitcodes.USER_ERROR
     assert "sweep-root.json (the sweep's root record) is damaged" in capsys.readouterr().err
