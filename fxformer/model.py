@@ -5,7 +5,9 @@ implements. Every module is a pure function of its parameters (`init`/`apply`).
 
 Shapes: b = batch, q = query length, k = key length, l = length, h = heads.
 Packed rows (several examples in one row) carry `segmentation` ids (1, 2, ...,
-0 for padding) and per-segment `positions`; attention never crosses segments.
+0 for padding) and per-segment `positions`; attention never crosses segments. The layers
+pass an `AttentionMask` (segment ids, causal or not), not a dense mask: each kernel builds
+what it needs from it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax
@@ -85,10 +87,13 @@ class TransformerConfig:
 
 
 def attention_implementation(fields: dict, backend: str) -> str:
-    """`model.attention_impl` resolved for this machine: "xla" (hand-written, the reference) or
-    "cudnn" (`jax.nn.dot_product_attention`'s fused kernel: the masked half of causal attention
-    is never computed). "auto" takes cudnn where it serves and xla elsewhere; "cudnn" where it
-    cannot serve is refused in one sentence, never silently changed."""
+    """`model.attention_impl` resolved for this machine: "xla" (hand-written, the reference: every
+    query-key product is computed, masked ones included) or "cudnn" (`jax.nn.dot_product_attention`'s
+    fused kernel, given what `fused_mask_arguments` gives it: `is_causal` in decoder self-attention,
+    where jax documents that cuDNN skips the masked half; a dense segment mask, added to the
+    logits, only for packed rows; key lengths for padded rows' other attention). Decoding keeps "xla".
+    "auto" takes cudnn where it serves and xla elsewhere; "cudnn" where it cannot serve is
+    refused in one sentence, never silently changed."""
     wanted = fields.get("attention_impl", "xla")
     if wanted == "xla":
         return "xla"
@@ -133,6 +138,29 @@ def segment_mask(q_segmentation: Array, k_segmentation: Array) -> Array:
 def causal_mask(length: int) -> Array:
     """[1, 1, l, l] bool: position i sees positions <= i (decoder self-attention)."""
     return jnp.tril(jnp.ones((length, length), bool))[None, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """Which keys each query sees, described rather than built: a query sees the keys of its own
+    segment (ids 1, 2, ...; 0 is padding, seen by no query) and, when `causal` (decoder
+    self-attention), only those at or before its own position.
+
+    `packed` False promises that both segmentations are `default_segmentation` of padded rows,
+    one example per row with its padding at the end (as the pipeline pads), so a row's key
+    length says all its key segment ids say. True (any segment ids) is always safe.
+    """
+
+    q_segments: Array  # [b, q]
+    kv_segments: Array  # [b, k]
+    causal: bool = False
+    packed: bool = True
+
+
+def dense_mask(mask: AttentionMask) -> Array:
+    """[b, 1, q, k] bool: what the reference attention applies (segments, then causality)."""
+    same = segment_mask(mask.q_segments, mask.kv_segments)
+    return same & causal_mask(mask.q_segments.shape[1]) if mask.causal else same
 
 
 def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
@@ -227,13 +255,48 @@ def dot_product_attention(
     return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
 
 
-def fused_attention(query: Array, key: Array, value: Array, mask: Array, implementation: str | None) -> Array:
-    """The same attention through `jax.nn.dot_product_attention` (layout [b, t, h, d], the
-    mask broadcast to [b, h, q, k]); `implementation` "cudnn" is the fused GPU kernel, "xla"
-    jax's own reference (used to test this route on a CPU). No attention dropout."""
-    b, q_len, h, _ = query.shape
-    mask = jnp.broadcast_to(mask, (b, h, q_len, key.shape[1]))
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+def fused_mask_arguments(mask: AttentionMask, num_heads: int) -> dict[str, Any]:
+    """What the fused route tells `jax.nn.dot_product_attention` about `mask`, the least that says it:
+
+    - packed rows: the segment mask broadcast to [b, h, q, k] (cuDNN adds it to the logits as a
+      bias: the products only it hides are computed all the same), and `is_causal` in decoder
+      self-attention;
+    - padded rows, decoder self-attention: `is_causal` alone; a real query's earlier keys are all
+      real, so padding needs no mask, and jax documents that cuDNN skips the masked half;
+    - padded rows, other attention: `key_value_seq_lengths`, each row's number of real keys, at
+      least 1: a row of padding alone (an eval batch's filler) attends to its first key, not to
+      none, so its outputs stay finite.
+
+    Real queries see exactly the reference's keys. Padding queries, whose outputs are discarded,
+    see no key in the reference (uniform weights) nor through a packed mask; on padded rows they
+    see the keys that the lengths or causality allow.
+    """
+    if mask.packed:
+        same = segment_mask(mask.q_segments, mask.kv_segments)  # [b, 1, q, k]
+        b, _, q_len, k_len = same.shape
+        return {"mask": jnp.broadcast_to(same, (b, num_heads, q_len, k_len)), "is_causal": mask.causal}
+    if mask.causal:
+        return {"is_causal": True}
+    lengths = jnp.maximum((mask.kv_segments > 0).sum(-1), 1).astype(jnp.int32)  # [b]
+    return {"key_value_seq_lengths": lengths}
+
+
+def fused_attention(query: Array, key: Array, value: Array, mask: AttentionMask, implementation: str) -> Array:
+    """The same attention through `jax.nn.dot_product_attention` (layout [b, t, h, d]), told about
+    the mask what `fused_mask_arguments` says; `implementation` "cudnn" is the fused GPU kernel,
+    "xla" jax's own (what tests run on a CPU). No attention dropout, and no weights to sow."""
+    arguments = fused_mask_arguments(mask, query.shape[2])
+    return jax.nn.dot_product_attention(query, key, value, implementation=implementation, **arguments)
+
+
+def rows_per_example(x: Array, copies: int) -> Array:
+    """[b, q, ...] -> [b / copies, copies x q, ...]: an example's rows (its beams or samples,
+    example-major: i * copies + j) attend to its one memory as that many queries, so the memory
+    is read once per example, not once per row."""
+    return x.reshape(x.shape[0] // copies, copies * x.shape[1], *x.shape[2:])
+
+
+Cache = Literal["none", "steps", "memory"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -244,57 +307,79 @@ class MultiHeadAttention(nn.Module):
     the first call's length (what a beam search reorders); "memory" (encoder-decoder attention)
     projects the encoder output once, on the first call, into the `memory` collection and
     reuses it (the same for every step and beam); a memory of fewer rows than the queries'
-    serves each example's consecutive rows (its beams or samples).
+    serves each example's consecutive rows (its beams or samples). "none" keeps nothing.
     """
 
     config: TransformerConfig
-    cache: str = ""  # "", "steps" or "memory": see above; only used when config.decode
+    cache: Cache = "none"  # only used when config.decode
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array, deterministic: bool) -> Array:
+    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: AttentionMask, deterministic: bool) -> Array:
+        """inputs_q [b, q, d_model] attends to inputs_kv [b, k, d_model] -> [b, q, d_model]."""
         c = self.config
         b, q_len, _ = inputs_q.shape
-        dense = lambda features, name: nn.Dense(  # noqa: E731
-            features, use_bias=c.attention_bias, kernel_init=xavier_uniform, dtype=c.dtype, name=name
-        )
-        query = dense(c.num_heads * c.d_k, "query")(inputs_q).reshape(b, q_len, c.num_heads, c.d_k)
-
-        def project_kv():  # key [b, k, h, d_k], value [b, k, h, d_v]
-            key = dense(c.num_heads * c.d_k, "key")(inputs_kv).reshape(b, -1, c.num_heads, c.d_k)
-            value = dense(c.num_heads * c.d_v, "value")(inputs_kv).reshape(b, -1, c.num_heads, c.d_v)
-            return key, value
-
+        query = self._heads(inputs_q, "query", c.d_k)  # [b, q, h, d_k]
         if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
-            heads = fused_attention(query, *project_kv(), mask, "cudnn")
+            heads = fused_attention(query, *self._keys_values(inputs_kv), mask, "cudnn")
         else:
-            copies = 1  # rows per example that share one memory (beams, samples)
-            if c.decode and self.cache == "memory":
-                if not self.has_variable("memory", "key"):
-                    key, value = project_kv()
-                    self.put_variable("memory", "key", heads_first(key))
-                    self.put_variable("memory", "value", heads_first(value))
-                key, value = self.get_variable("memory", "key"), self.get_variable("memory", "value")
-                copies = b // key.shape[0]
-            else:
-                key, value = map(heads_first, project_kv())
-            if c.decode and self.cache == "steps":
-                key, value, mask = self._extend_cache(key, value, mask)
-            dropout = nn.Dropout(c.attention_dropout_rate)
-
-            def drop(weights: Array) -> Array:  # [b, h, q, k], after the softmax
-                # Kept for fxformer.attention only when asked (apply(..., mutable=["intermediates"]));
-                # otherwise sow does nothing, so training and decoding are unchanged.
-                self.sow("intermediates", "attention_weights", weights)
-                return dropout(weights, deterministic)
-
-            # An example's rows attend to its memory as that many queries: the memory is read
-            # once per example, not once per beam. Rows are example-major (i * copies + j).
-            query = query.reshape(b // copies, copies * q_len, c.num_heads, c.d_k)
-            mask = mask[::copies]  # the same for every copy of an example
-            heads = dot_product_attention(heads_first(query), key, value, mask, drop)
-            heads = heads_first(heads)  # [b / copies, copies x q, h, d_v]: the rows' order, as below
+            heads = self._reference_attention(query, inputs_kv, mask, deterministic)
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
-        return dense(c.d_model, "out")(heads)
+        return self._dense(c.d_model, "out")(heads)
+
+    def _dense(self, features: int, name: str) -> nn.Dense:
+        """One of W^Q, W^K, W^V (all heads at once) or W^O."""
+        c = self.config
+        return nn.Dense(features, use_bias=c.attention_bias, kernel_init=xavier_uniform, dtype=c.dtype, name=name)
+
+    def _heads(self, x: Array, name: str, width: int) -> Array:
+        """x [b, t, d_model] times W^name -> [b, t, h, width]."""
+        return self._dense(self.config.num_heads * width, name)(x).reshape(*x.shape[:2], self.config.num_heads, width)
+
+    def _keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """K W^K [b, k, h, d_k] and V W^V [b, k, h, d_v]."""
+        c = self.config
+        return self._heads(inputs_kv, "key", c.d_k), self._heads(inputs_kv, "value", c.d_v)
+
+    def _keeps(self, cache: Cache) -> bool:
+        """Whether this call reads and writes the decoder's `cache` of that kind."""
+        return self.config.decode and self.cache == cache
+
+    def _reference_attention(self, query: Array, inputs_kv: Array, mask: AttentionMask, deterministic: bool) -> Array:
+        """`dot_product_attention` on the dense mask, with the decoder's caches: query [b, q, h, d_k]
+        -> [b, q, h, d_v]."""
+        b, q_len, h, _ = query.shape
+        if self._keeps("memory"):
+            key, value = self._memory(inputs_kv)  # [examples, h, k, d]
+        else:
+            key, value = map(heads_first, self._keys_values(inputs_kv))  # [b, h, k, d]
+        dense = dense_mask(mask)  # [b, 1, q, k]
+        if self._keeps("steps"):
+            key, value, dense = self._extend_cache(key, value, dense)
+        copies = b // key.shape[0]  # rows per example that share one memory (beams, samples)
+        query = heads_first(rows_per_example(query, copies))  # [b / copies, h, copies x q, d_k]
+        heads = dot_product_attention(query, key, value, dense[::copies], self._attention_dropout(deterministic))
+        return heads_first(heads).reshape(b, q_len, h, -1)  # from [b / copies, copies x q, h, d_v], rows in order
+
+    def _attention_dropout(self, deterministic: bool) -> Callable[[Array], Array]:
+        """Dropout on the weights [b, h, q, k] after the softmax, which it first sows for
+        fxformer.attention when asked (apply(..., mutable=["intermediates"])); otherwise sow does
+        nothing, so training and decoding are unchanged."""
+        dropout = nn.Dropout(self.config.attention_dropout_rate)
+
+        def drop(weights: Array) -> Array:
+            self.sow("intermediates", "attention_weights", weights)
+            return dropout(weights, deterministic)
+
+        return drop
+
+    def _memory(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """Encoder-side key and value [examples, h, k, d]: projected from `inputs_kv` into the
+        `memory` collection on the first call, read from it on every later one."""
+        if not self.has_variable("memory", "key"):
+            key, value = self._keys_values(inputs_kv)
+            self.put_variable("memory", "key", heads_first(key))
+            self.put_variable("memory", "value", heads_first(value))
+        return self.get_variable("memory", "key"), self.get_variable("memory", "value")
 
     def _extend_cache(self, key: Array, value: Array, mask: Array) -> tuple[Array, Array, Array]:
         """Write this step's key and value [b, h, 1, d] at the cache index; mask out the unwritten slots."""
@@ -361,7 +446,7 @@ class EncoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, mask: AttentionMask, deterministic: bool) -> Array:
         c = self.config
         attend = MultiHeadAttention(c, name="self_attention")
         x = residual(c, x, lambda y: attend(y, y, mask, deterministic), "self_attention", deterministic)
@@ -375,7 +460,9 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array, cross_mask: Array, deterministic: bool) -> Array:
+    def __call__(
+        self, x: Array, encoded: Array, self_mask: AttentionMask, cross_mask: AttentionMask, deterministic: bool
+    ) -> Array:
         c = self.config
         attend = MultiHeadAttention(c, cache="steps", name="self_attention")
         x = residual(c, x, lambda y: attend(y, y, self_mask, deterministic), "self_attention", deterministic)
@@ -396,11 +483,10 @@ class Encoder(nn.Module):
     embed: SharedEmbedding
 
     @nn.compact
-    def __call__(self, inputs: Array, segmentation: Array, positions: Array, deterministic: bool) -> Array:
+    def __call__(self, inputs: Array, mask: AttentionMask, positions: Array, deterministic: bool) -> Array:
         c = self.config
         x = self.embed(inputs) + PositionalEncoding(c, name="positional")(positions)
         x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)  # [b, l, d_model]
-        mask = segment_mask(segmentation, segmentation)
         for i in range(c.num_layers):
             x = EncoderLayer(c, name=f"layer_{i}")(x, mask, deterministic)
         if c.norm == "pre":
@@ -419,8 +505,8 @@ class Decoder(nn.Module):
         self,
         decoder_inputs: Array,
         encoded: Array,
-        inputs_segmentation: Array,
-        segmentation: Array,
+        self_mask: AttentionMask,
+        cross_mask: AttentionMask,
         positions: Array,
         deterministic: bool,
     ) -> Array:
@@ -432,10 +518,6 @@ class Decoder(nn.Module):
             if initialized:
                 positions = jnp.full_like(decoder_inputs, step.value)
                 step.value = step.value + decoder_inputs.shape[1]
-            self_mask = causal_mask(decoder_inputs.shape[1])  # replaced by the cache mask
-        else:
-            self_mask = segment_mask(segmentation, segmentation) & causal_mask(decoder_inputs.shape[1])
-        cross_mask = segment_mask(segmentation, inputs_segmentation)
         x = self.embed(decoder_inputs) + PositionalEncoding(c, name="positional")(positions)
         x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
         for i in range(c.num_layers):
@@ -462,12 +544,14 @@ class Transformer(nn.Module):
         inputs_positions: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """Source ids [b, l] -> encoder output [b, l, d_model]."""
-        if inputs_segmentation is None:
+        """Source ids [b, l] -> encoder output [b, l, d_model]; no `inputs_segmentation`: padded rows."""
+        packed = inputs_segmentation is not None
+        if not packed:
             inputs_segmentation = default_segmentation(inputs)
         if inputs_positions is None:
             inputs_positions = default_positions(inputs)
-        return self.encoder(inputs, inputs_segmentation, inputs_positions, deterministic)
+        mask = AttentionMask(inputs_segmentation, inputs_segmentation, packed=packed)
+        return self.encoder(inputs, mask, inputs_positions, deterministic)
 
     def decode(
         self,
@@ -477,15 +561,19 @@ class Transformer(nn.Module):
         targets_segmentation: Array | None = None,
         targets_positions: Array | None = None,
         deterministic: bool = True,
+        inputs_packed: bool = True,
     ) -> Array:
         """Target ids [b, l] -> logits [b, l, vocab] predicting each target from the ones before.
 
+        No `targets_segmentation`: padded rows. `inputs_packed` False promises `inputs_segmentation`
+        is `default_segmentation` of padded rows (see `AttentionMask.packed`).
         With `config.decode`, `targets` is the previous token [b, 1] (BOS first) and the
         logits predict the next one; the cache carries everything earlier.
         """
+        targets_packed = targets_segmentation is not None
         if self.config.decode:
             decoder_inputs = targets
-            targets_segmentation = jnp.ones_like(targets)
+            targets_segmentation = jnp.ones_like(targets)  # after the sizing call, the cache index masks self-attention
         else:
             if targets_segmentation is None:
                 decoder_inputs = shift_right(targets)
@@ -494,9 +582,9 @@ class Transformer(nn.Module):
                 decoder_inputs = shift_right(targets, targets_segmentation)
         if targets_positions is None:
             targets_positions = default_positions(targets)
-        return self.decoder(
-            decoder_inputs, encoded, inputs_segmentation, targets_segmentation, targets_positions, deterministic
-        )
+        self_mask = AttentionMask(targets_segmentation, targets_segmentation, causal=True, packed=targets_packed)
+        cross_mask = AttentionMask(targets_segmentation, inputs_segmentation, packed=targets_packed or inputs_packed)
+        return self.decoder(decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic)
 
     def __call__(
         self,
@@ -508,10 +596,12 @@ class Transformer(nn.Module):
         targets_positions: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """Source ids [b, l_src], target ids [b, l_tgt] -> logits [b, l_tgt, vocab]."""
-        if inputs_segmentation is None:
-            inputs_segmentation = default_segmentation(inputs)
+        """Source ids [b, l_src], target ids [b, l_tgt] -> logits [b, l_tgt, vocab]. Without
+        segmentations, each row is one example padded at its end."""
         encoded = self.encode(inputs, inputs_segmentation, inputs_positions, deterministic)
+        inputs_packed = inputs_segmentation is not None
+        if not inputs_packed:
+            inputs_segmentation = default_segmentation(inputs)
         return self.decode(
-            encoded, inputs_segmentation, targets, targets_segmentation, targets_positions, deterministic
+            encoded, inputs_segmentation, targets, targets_segmentation, targets_positions, deterministic, inputs_packed
         )

@@ -11,16 +11,17 @@ import pytest
 from fxformer import inference
 from fxformer.errors import UserError
 from fxformer.model import (
+    AttentionMask,
     MultiHeadAttention,
     Transformer,
     TransformerConfig,
     attention_implementation,
-    causal_mask,
+    dense_mask,
     dot_product_attention,
     fused_attention,
+    fused_mask_arguments,
     grow_cache,
     heads_first,
-    segment_mask,
     sinusoid_table,
 )
 from fxformer.params import count_parameters
@@ -64,9 +65,10 @@ def test_attention_equals_numpy_with_padding_and_causal_masks(causal, bias):
     mask = np.broadcast_to(mask, (2, 5, 5))
     if causal:
         mask = mask & np.tril(np.ones((5, 5), bool))
+    keys = AttentionMask(jnp.ones((2, 5), jnp.int32), jnp.arange(5) < jnp.asarray(lengths)[:, None], causal)
     module = MultiHeadAttention(c)
-    params = module.init(jax.random.key(1), x, x, mask[:, None], True)["params"]
-    got = module.apply({"params": params}, x, x, jnp.asarray(mask[:, None]), True)
+    params = module.init(jax.random.key(1), x, x, keys, True)["params"]
+    got = module.apply({"params": params}, x, x, keys, True)
     want = numpy_attention(params, x, x, mask, c.num_heads, c.d_k, c.d_v)
     assert c.d_k != c.d_v
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
@@ -75,7 +77,7 @@ def test_attention_equals_numpy_with_padding_and_causal_masks(causal, bias):
 def test_fully_masked_rows_give_no_nan():
     c = TINY
     x = np.ones((1, 3, c.d_model), np.float32)
-    mask = jnp.zeros((1, 1, 3, 3), bool)
+    mask = AttentionMask(jnp.zeros((1, 3), jnp.int32), jnp.zeros((1, 3), jnp.int32))
     module = MultiHeadAttention(c)
     params = module.init(jax.random.key(1), x, x, mask, True)["params"]
     assert np.isfinite(np.asarray(module.apply({"params": params}, x, x, mask, True))).all()
@@ -202,17 +204,78 @@ def test_parameter_count_matches_closed_form():
 # The fused-attention route (model.attention_impl)
 
 
-def test_the_jax_nn_route_equals_the_hand_written_attention():
-    """jax.nn.dot_product_attention (its XLA reference on a CPU; cuDNN's kernel on a GPU) with
-    the model's masks gives what the hand-written softmax(Q K^T / sqrt(d_k)) V gives."""
+PACKED = jnp.array([[1, 1, 1, 2, 2, 0], [1, 2, 2, 2, 3, 3], [1, 1, 2, 0, 0, 0]])  # [b, q]
+PADDED = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])  # the last: an eval filler row
+PACKED_SOURCE = jnp.array([[1, 1, 2, 2, 2, 2, 0, 0], [1, 2, 3, 3, 3, 3, 3, 3], [1, 1, 1, 2, 2, 0, 0, 0]])  # [b, k]
+PADDED_SOURCE = jnp.array([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]])
+# each case: the mask, and what the fused route hands jax.nn.dot_product_attention for it
+FUSED_CASES = {
+    "packed self-attention": (AttentionMask(PACKED, PACKED), {"mask": (3, 3, 6, 6), "is_causal": False}),
+    "padded self-attention": (AttentionMask(PADDED, PADDED, packed=False), {"key_value_seq_lengths": [4, 6, 1]}),
+    "packed decoder self-attention": (
+        AttentionMask(PACKED, PACKED, causal=True), {"mask": (3, 3, 6, 6), "is_causal": True}),
+    "padded decoder self-attention": (AttentionMask(PADDED, PADDED, causal=True, packed=False), {"is_causal": True}),
+    "packed cross-attention": (AttentionMask(PACKED, PACKED_SOURCE), {"mask": (3, 3, 6, 8), "is_causal": False}),
+    "padded cross-attention": (
+        AttentionMask(PADDED, PADDED_SOURCE, packed=False), {"key_value_seq_lengths": [5, 8, 1]}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_the_jax_nn_route_given_the_cudnn_arguments_equals_the_hand_written_attention(case):
+    """jax.nn.dot_product_attention (its XLA implementation on a CPU; cuDNN's kernel on a GPU),
+    given `is_causal`, a segment mask or key lengths as the cudnn route gives them, against the
+    hand-written softmax(Q K^T / sqrt(d_k)) V on the dense mask."""
+    mask, handed = FUSED_CASES[case]
+    arguments = fused_mask_arguments(mask, 3)
+    assert set(arguments) == set(handed)
+    for name, want in handed.items():
+        got = arguments[name]
+        got = got.shape if name == "mask" else got if name == "is_causal" else np.asarray(got).tolist()
+        assert got == want, name
+    if "mask" in arguments:  # the segments alone, every head: causality is `is_causal`'s
+        q_ids, kv_ids = np.asarray(mask.q_segments)[:, None, :, None], np.asarray(mask.kv_segments)[:, None, None, :]
+        want = np.broadcast_to((q_ids == kv_ids) & (kv_ids > 0), arguments["mask"].shape)
+        np.testing.assert_array_equal(arguments["mask"], want)
+    (b, q_len), k_len = mask.q_segments.shape, mask.kv_segments.shape[1]
     rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
-    segmentation = jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    mask = segment_mask(segmentation, segmentation) & causal_mask(6)
-    ours = heads_first(dot_product_attention(heads_first(q), heads_first(k), heads_first(v), mask, lambda w: w))
-    theirs = fused_attention(q, k, v, mask, "xla")
-    real = np.asarray(segmentation, bool)[:, :, None, None]  # padded query rows are discarded anyway
-    np.testing.assert_allclose(np.where(real, theirs, 0), np.where(real, ours, 0), atol=1e-5)
+    q = jnp.asarray(rng.normal(size=(b, q_len, 3, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(b, k_len, 3, 8)), jnp.float32) for _ in range(2))
+    ours = heads_first(dot_product_attention(*map(heads_first, (q, k, v)), dense_mask(mask), lambda w: w))
+    theirs = np.asarray(fused_attention(q, k, v, mask, "xla"))
+    real = np.asarray(mask.q_segments) > 0
+    np.testing.assert_allclose(theirs[real], np.asarray(ours)[real], atol=1e-5)
+    assert np.isfinite(theirs).all()
+    # Padding queries (discarded): in the reference they see no key (uniform weights). So they do
+    # with a packed mask; on padded rows the kernel's lengths or causality let them see keys.
+    assert np.allclose(theirs[~real], np.asarray(ours)[~real], atol=1e-5) == mask.packed
+
+
+PACKED_BATCH = dict(
+    inputs_segmentation=jnp.array([[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1, 0, 0]]),
+    targets_segmentation=jnp.array([[1, 1, 1, 2, 2, 0, 0], [1, 1, 2, 2, 2, 2, 0]]),
+    inputs_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 0, 0]]),
+    targets_positions=jnp.array([[0, 1, 2, 0, 1, 0, 0], [0, 1, 0, 1, 2, 3, 0]]),
+)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_models_fused_route_equals_the_reference_on_real_targets(packed, monkeypatch):
+    """The whole model with attention_impl="cudnn", its kernel swapped for jax's XLA one (the
+    same arguments, on a CPU), against the hand-written attention on dense masks."""
+    kernel = fused_attention
+    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, _: kernel(q, k, v, mask, "xla"))
+    config = dataclasses.replace(TINY, d_k=8, d_v=8)  # jax.nn's attention wants d_k == d_v
+    params = init(config)
+    inputs = jnp.array([[5, 6, 3, 7, 8, 9, 3, 0], [4, 5, 6, 7, 8, 3, 0, 0], [0] * 8])
+    targets = jnp.array([[9, 10, 3, 11, 3, 0, 0], [12, 3, 13, 14, 15, 3, 0], [0] * 7])
+    batch = {k: jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)]) for k, a in PACKED_BATCH.items()}
+    kw = batch if packed else {}
+    reference = logits_of(config, params, inputs, targets, **kw)
+    fused = logits_of(dataclasses.replace(config, attention_impl="cudnn"), params, inputs, targets, **kw)
+    real = np.asarray(targets) != 0  # the loss weighs padding targets 0
+    np.testing.assert_allclose(fused[real], reference[real], atol=1e-5)
+    assert np.isfinite(fused).all()  # the filler row of padding alone too
 
 
 def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sentence():
@@ -232,12 +295,16 @@ def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sen
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")
-def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu():
+@pytest.mark.parametrize("packed", [False, True])
+def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu(packed):
     base = dataclasses.replace(TINY, dtype=jnp.bfloat16, dropout_rate=0.0, d_k=8, d_v=8)
     params = init(base)
-    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 0, 0, 0, 0, 0]])
-    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0, 0], [4, 5, 6, 3, 0, 0, 0, 0]])
-    xla = logits_of(base, params, inputs, targets)
-    cudnn = logits_of(dataclasses.replace(base, attention_impl="cudnn"), params, inputs, targets)
+    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 0, 0, 0, 0, 0], [0] * 8])  # and a filler row
+    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0], [4, 5, 6, 3, 0, 0, 0], [0] * 7])
+    kw = {k: jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)]) for k, a in PACKED_BATCH.items()}
+    kw = kw if packed else {}
+    xla = logits_of(base, params, inputs, targets, **kw)
+    cudnn = logits_of(dataclasses.replace(base, attention_impl="cudnn"), params, inputs, targets, **kw)
     real = np.asarray(targets != 0)[:, :, None]
     np.testing.assert_allclose(np.where(real, cudnn, 0), np.where(real, xla, 0), atol=0.1, rtol=0.05)
+    assert np.isfinite(cudnn).all()
