@@ -316,18 +316,8 @@ def collect(ctx: Context, runs) -> int:
 
 def curve(ctx: Context, rep, key: str = "dev_ppl") -> dict[int, float]:
     """{step: value} of a run's logged `key` (its learning curve; damaged lines are passed over)."""
-    path = paths.Workdir(ctx.workdir(rep)).metrics
-    if not path.exists():
-        return {}
-    points = {}
-    for line in path.read_text().splitlines():
-        try:
-            point = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(point, dict) and isinstance(point.get("step"), int) and isinstance(point.get(key), float):
-            points[point["step"]] = point[key]
-    return points
+    logged = paths.Workdir(ctx.workdir(rep)).logged()
+    return {point["step"]: point[key] for point in logged if isinstance(point.get(key), float)}
 
 
 def band(ctx: Context, run, key: str = "dev_ppl") -> tuple[list[int], list[float], list[float], list[float]]:

@@ -150,29 +150,15 @@ def read(workdir: paths.Workdir, eval_split: str) -> RowState:
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
     if w.config.exists():
         row.config = read_json(w.config, "the run's config", "move the row's directory aside and run it again")
-    if w.checkpoints.exists():
-        row.checkpoint_steps = sorted(int(p.name) for p in w.checkpoints.iterdir() if p.name.isdigit())
-    if w.metrics.exists():
-        row.logged_step = last_logged_step(w.metrics.read_text())
+    row.checkpoint_steps = w.checkpoint_steps()
+    logged = w.logged()
+    row.logged_step = logged[-1]["step"] if logged else 0
     total = row.total_steps
     if total is not None:
-        result = w.eval / f"{eval_split}-{total}.json"
+        result = w.eval_result(eval_split, [total])
         if result.exists():
             row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
     return row
-
-
-def last_logged_step(text: str) -> int:
-    """The last step recorded in a metrics.jsonl (lines that are not a JSON object with an integer
-    step, such as one cut short by a crash, are passed over)."""
-    for line in reversed(text.strip().splitlines()):
-        try:
-            step = json.loads(line).get("step")
-        except (json.JSONDecodeError, AttributeError):
-            continue
-        if isinstance(step, int):
-            return step
-    return 0
 
 
 def write_status(workdir: paths.Workdir, status: dict) -> None:

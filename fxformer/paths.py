@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import socket
 
@@ -136,6 +137,29 @@ def check_workdir(workdir: PathLike) -> None:
             return
 
 
+def complete_steps(directory: PathLike) -> list[int]:
+    """The steps of an orbax directory whose saves finished (an unfinished one is still named
+    `<step>.orbax-checkpoint-tmp...`); [] if the directory is absent."""
+    directory = as_path(directory)
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+def metrics_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a line without one (cut short by a kill, or
+    damaged: not a JSON object with an integer step)."""
+    try:
+        step = json.loads(line).get("step")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def checkpoint_label(steps: list[int], best: bool = False) -> str:
+    """How a result names the parameters it came from: the last step, `-avg<k>` for an average of
+    k checkpoints, `-best` for the best by dev metric (`600`, `600-avg5`, `600-best`)."""
+    return f"{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "") + ("-best" if best else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Workdir:
     """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
@@ -187,10 +211,28 @@ class Workdir:
         """Evaluation results (JSON) and translations."""
         return self.root / "eval"
 
+    def eval_result(self, split: str, steps: list[int], best: bool = False, first: int = 0) -> epath.Path:
+        """`W/eval/<split>-<checkpoint label>[-first<n>].json`: evaluate's results on a split (its
+        translations beside it, `.hyp.txt` and `.ref.txt`); a partial run (the first n
+        sentences) never overwrites the full one."""
+        return self.eval / (f"{split}-{checkpoint_label(steps, best)}" + (f"-first{first}" if first else "") + ".json")
+
+    def checkpoint_steps(self) -> list[int]:
+        """The training checkpoints whose saves finished."""
+        return complete_steps(self.checkpoints)
+
     @property
     def metrics(self) -> epath.Path:
         """One JSON object per logged step."""
         return self.root / "metrics.jsonl"
+
+    def logged(self) -> list[dict]:
+        """The lines of `metrics.jsonl` with an integer step, in order ([] before the first log
+        step); a line cut short by a kill or otherwise damaged is passed over."""
+        if not self.metrics.exists():
+            return []
+        lines = [line for line in self.metrics.read_text().splitlines() if metrics_step(line) is not None]
+        return [json.loads(line) for line in lines]
 
     @property
     def tensorboard(self) -> epath.Path:

@@ -11,8 +11,6 @@ overlaid, labelled by their names.
 
 from __future__ import annotations
 
-import json
-
 from fxformer import cli, paths
 from fxformer.errors import UserError
 
@@ -26,10 +24,10 @@ X_AXES = {"step": "step", "tokens_seen": "target tokens seen", "epochs": "epochs
 
 
 def read_metrics(workdir: paths.PathLike) -> list[dict]:
-    path = paths.Workdir(workdir).metrics
-    if not path.exists():
+    logged = paths.Workdir(workdir).logged()
+    if not logged:
         raise UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return logged
 
 
 def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:

@@ -68,3 +68,17 @@ def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypat
     assert saved["bleu"] == results["bleu"] and saved["checkpoint_steps"] == [2, 4]
     assert results["path"] == "gs://bucket/runs/tiny/eval/test-4-avg2-first8.json"
     assert not list(tmp_path.rglob("gs:*")) and not list(tmp_path.rglob("bucket/runs/tiny/config.json"))
+
+
+def test_the_workdir_names_its_results_and_reads_its_metrics_past_damaged_lines(tmp_path):
+    w = paths.Workdir(tmp_path)
+    assert w.logged() == [] and w.checkpoint_steps() == []
+    lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', "[3]", '{"step": true}', '{"step": 2, "loss": 1.5}', '{"st']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert w.logged() == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    for name in ("10", "20", "30.orbax-checkpoint-tmp-123", "tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert w.checkpoint_steps() == [10, 20]
+    assert w.eval_result("test", [20]) == tmp_path / "eval" / "test-20.json"
+    assert w.eval_result("test", [10, 20], first=8).name == "test-20-avg2-first8.json"
+    assert w.eval_result("validation", [10], best=True).name == "validation-10-best.json"
