@@ -20,7 +20,7 @@ Writes into W/attention/<name>/ only (--name, else the source's first words and 
   weights.json (with --json)          the weights themselves, per kind, layer and head, with the tokens
 Decoder positions are labelled by the token they read (`<s>` first) in decoder self-attention,
 and by the token they predict in encoder-decoder attention. In a notebook:
-`run = attention.restore("runs/default"); w = attention.weights(run, "The dog sleeps.")`.
+`run = inference.restore("runs/default"); w = attention.weights(run, "The dog sleeps.")`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer import checkpoint, cli, inference, paths, trainstate
+from fxformer import cli, inference, inferflags, paths, trainstate
 from fxformer.errors import UserError
-from fxformer.evaluate import inference_parser, parse_inference_args
 from fxformer.model import Transformer, TransformerConfig
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
@@ -108,28 +107,6 @@ def attention_weights(config: TransformerConfig, params, inputs, targets) -> dic
         "decoder": stack("decoder", "self_attention"),
         "cross": stack("decoder", "cross_attention"),
     }
-
-
-def restore(
-    workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, overrides=(), log=print
-) -> inference.Restored:
-    """`inference.restore`, writing nothing into the workdir: an average of the last k checkpoints
-    that evaluate or translate has not saved under `W/averaged/` yet is computed in memory only."""
-    workdir = paths.Workdir(workdir)
-    if step:
-        return inference.restore(workdir, step, 0, overrides, log)
-    k = average_last or trainstate.load_workdir_config(workdir).average_last
-    chosen = checkpoint.complete_steps(workdir.checkpoints)[-k:]
-    if len(chosen) < 2 or (workdir.averaged(len(chosen)) / str(chosen[-1])).exists():
-        return inference.restore(workdir, step, average_last, overrides, log)  # one checkpoint, or a saved average
-    run = inference.restore(workdir, chosen[-1], 0, overrides, log)  # config, model and tokenizer
-    if len(chosen) < k:
-        log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
-    log(f"averaging the parameters of steps {chosen} (in memory)")
-    _, _, abstract_state = trainstate.build(run.config, run.tokenizer.vocab_size, run.mesh)
-    with checkpoint.manager(workdir.checkpoints, asynchronous=False) as mngr:
-        params = checkpoint.average_params(mngr, chosen, abstract_state)
-    return dataclasses.replace(run, params=params, steps=chosen)
 
 
 def translation(run: inference.Restored, source: str, log=print) -> str:
@@ -357,7 +334,7 @@ def heads_of(flag: str, num_heads: int) -> list[int]:
 
 
 def main() -> None:
-    p = inference_parser(__doc__, "fxformer.attention")
+    p = inferflags.parser(__doc__, "fxformer.attention")
     p.add_argument("--source", required=True, help="the source sentence")
     p.add_argument("--target", default=None, help="its translation (default: the model's own, printed)")
     p.add_argument("--name", default="", help="the folder under W/attention/ (default: the source's first words)")
@@ -368,7 +345,7 @@ def main() -> None:
     p.add_argument("--head", default="all", help="the line view's head, from 1, or all (default)")
     p.add_argument("--json", action="store_true", help="also write the weights themselves (weights.json)")
     p.add_argument("--dpi", type=float, default=100, help="resolution of the PNG files (default: 100)")
-    args = parse_inference_args(p)
+    args = inferflags.parse(p)
     log = cli.log_to_stderr
 
     config = trainstate.load_workdir_config(args.workdir)  # layers and heads checked before any restore
@@ -383,7 +360,7 @@ def main() -> None:
     parent = paths.Workdir(args.workdir).root / "attention"
     paths.check_writable(parent, "the figures are written")
 
-    run = restore(args.workdir, args.step, args.average_last, args.overrides, log)
+    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
     w = weights(run, args.source, args.target, log)
     if w.translated:
         print(f"translation: {w.target}")

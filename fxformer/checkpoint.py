@@ -2,7 +2,9 @@
 
 A training checkpoint `W/checkpoints/<step>` holds two items: `state` (step, parameters,
 optimizer state, RNG key) and `data` (the grain iterator's position, one file per process).
-An averaged checkpoint `W/averaged/last<k>/<step>` holds `params` and `meta` (the steps averaged).
+Inference reads only the `params` subtree of `state`. An averaged checkpoint
+`W/averaged/last<k>/<step>` (and the best one, `W/best/<step>`) holds `params` and `meta`
+(the steps averaged; the metric).
 """
 
 from __future__ import annotations
@@ -122,29 +124,47 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
 
     `data_iterator`, if given, is moved to the saved position.
     """
-    mismatch = shape_mismatch(mngr.directory, step, abstract_state)
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    return _restore(mngr, step, items, abstract_state.params, resuming=data_iterator is not None)["state"]
+
+
+def restore_state_params(mngr: ocp.CheckpointManager, step: int, abstract_params):
+    """The parameters of the state at `step`, laid out as `abstract_params` says, read alone: a
+    partial restore of the state's `params` subtree (Adam's moments, the step and the RNG key
+    are not read). `mngr` must not save or restore whole states: orbax binds an item to one
+    handler per manager."""
+    item = {"params": abstract_params}
+    state = ocp.args.PyTreeRestore(
+        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+    )
+    return _restore(mngr, step, {"state": state}, abstract_params, resuming=False)["state"]["params"]
+
+
+def _restore(mngr: ocp.CheckpointManager, step: int, items: dict, abstract_params, resuming: bool) -> dict:
+    """`items` of the training checkpoint at `step`; a different model, a missing or damaged
+    checkpoint is one sentence (`resuming`: for train, which has no --step)."""
+    mismatch = shape_mismatch(mngr.directory, step, abstract_params)
     if mismatch:
         raise UserError(
             f"Checkpoint {mngr.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
             "use the workdir's own tokenizer.model and config, or a new --workdir."
         )
-    items = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iterator is not None:
-        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
-        return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
+        return mngr.restore(step, args=ocp.args.Composite(**items))
     except FileNotFoundError:
         raise UserError(f"Checkpoint {mngr.directory}/{step} is missing or incomplete.") from None
     except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
-        if data_iterator is not None and "process_" in str(e):
+        if resuming and "process_" in str(e):
             raise UserError(data_position_problem(mngr.directory, step)) from None
         fix = "delete that step's directory or pick another with --step"  # evaluate, translate
-        if data_iterator is not None:  # train, which has no --step
+        if resuming:  # train, which has no --step
             fix = "delete that step's directory to resume from the one before it"
         raise UserError(f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); {fix}.") from None
 
 
-def shape_mismatch(directory, step: int, abstract_state) -> str | None:
+def shape_mismatch(directory, step: int, abstract_params) -> str | None:
     """How the parameters saved at `step` differ from the model's ('embedding 400 x 32 in the
     checkpoint vs 300 x 32'), or None when they match or the metadata cannot be read (then the
     restore itself reports what is wrong)."""
@@ -155,7 +175,7 @@ def shape_mismatch(directory, step: int, abstract_state) -> str | None:
         return None
     name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)  # noqa: E731
     saved = {name(p): tuple(leaf.shape) for p, leaf in jax.tree_util.tree_leaves_with_path(saved_tree)}
-    wanted = {name(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state.params)}
+    wanted = {name(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_params)}
     size = lambda shape: " x ".join(map(str, shape)) or "a scalar"  # noqa: E731
     for key, shape in wanted.items():
         if key not in saved:
@@ -188,11 +208,12 @@ def abstract_like(tree, sharding) -> object:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_state) -> dict:
-    """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or 20)."""
+def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_params) -> dict:
+    """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or
+    20), each read alone (`restore_state_params`)."""
     total = None
     for step in steps:
-        params = restore(mngr, step, abstract_state).params
+        params = restore_state_params(mngr, step, abstract_params)
         total = params if total is None else jax.tree.map(jnp.add, total, params)
     return jax.tree.map(lambda x: x / len(steps), total)
 

@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by every fxformer command (the entry points import it; nothing else does).
+"""Command-line plumbing shared by every fxformer command (the entry points import it, and
+`inferflags`, the flags of the inference commands; nothing else does).
 
 `--config=configs/x.py[:arg]` and `--config.a.b=value` overrides (read by `configfile`); an
 unknown key or a value of the wrong type is refused with one sentence, and so is any other

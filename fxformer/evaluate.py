@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, configfile, inference, parallel, paths, trainstate
+from fxformer import cli, inference, inferflags, paths, trainstate
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
 
@@ -42,12 +42,12 @@ def scores(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def evaluate(
-    workdir: paths.PathLike, split: str = "test", step: int | str = 0, average_last: int = 0, overrides=(),
-    limit: int = 0, log=print, report=None,
+    workdir: paths.PathLike, split: str = "test", step: int | str = "latest", average_last: int | None = None,
+    overrides=(), limit: int = 0, log=print, report=None,
 ) -> dict:  # fmt: skip
-    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split`; writes and returns the
-    results. `report(results)`, if given, is called before anything is written (so a disk that
-    fills at the end loses no score)."""
+    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split` (`step`, `average_last`:
+    which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
+    if given, is called before anything is written (so a disk that fills at the end loses no score)."""
     workdir = paths.Workdir(workdir)
     paths.check_workdir(workdir)
     if jax.process_index() == 0:  # before any work: the results are written at the end
@@ -110,42 +110,12 @@ def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit:
     return {**scores(hypotheses, references), "num_sentences": n, "split": split}
 
 
-def inference_parser(description: str, module: str):
-    """Flags shared by evaluate and translate: the workdir, which checkpoint(s), decode overrides."""
-    p = cli.parser(description, module, config=False)
-    p.epilog = (
-        "Change the search with --config.decode.<field>=<value>: strategy (beam, greedy, sample), beam_size, "
-        "alpha, beam_variant (live, t2t), max_extra, nbest, temperature, top_k, seed."
-    )
-    p.add_argument("--workdir", required=True, help="a training run directory")
-    p.add_argument("--step", default="0", help="use this checkpoint step, or 'best' (best dev metric in training)")
-    p.add_argument("--average_last", type=int, default=0, help="average the last K checkpoints (default: config)")
-    parallel.add_cluster_flags(p)
-    return p
-
-
-def parse_inference_args(p, argv=None):
-    """The flags, with `args.overrides`: the (key, value) pairs of --config.decode.* flags."""
-    args, rest = p.parse_known_args(argv)
-    args.overrides = configfile.overrides(rest)
-    if args.step != "best":
-        if not args.step.lstrip("-").isdigit():
-            raise UserError(f"--step takes a step number or 'best', not '{args.step}'.")
-        args.step = int(args.step)
-    if args.step != "best" and args.step < 0 or args.average_last < 0:
-        raise UserError("--step and --average_last must be positive (or left out).")
-    if args.step and args.average_last:
-        raise UserError("Give --step or --average_last, not both.")
-    parallel.join_cluster(args)
-    return args
-
-
 def main() -> None:
-    p = inference_parser(__doc__, "fxformer.evaluate")
+    p = inferflags.parser(__doc__, "fxformer.evaluate")
     p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
     p.add_argument("--hypotheses", default="", help="score this translation file instead of translating")
-    args = parse_inference_args(p)
+    args = inferflags.parse(p)
     if args.hypotheses:
         r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
         print(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")

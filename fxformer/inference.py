@@ -1,7 +1,8 @@
-"""Inference with a trained run, in one place: restore a workdir onto the devices at hand (one
-checkpoint, the average of the last k, or the best by dev metric), the dev loss, the model's
-step function for the searches in `decode`, batched translation with n-best scores, sacreBLEU.
-Used by `evaluate`, `translate` and the training loop (dev loss, dev BLEU).
+"""Inference with a trained run, in one place: restore a workdir's parameters (never its optimizer
+state) onto the devices at hand (one checkpoint, the average of k, or the best by dev metric),
+the dev loss, the model's step function for the searches in `decode`, batched translation with
+n-best scores, sacreBLEU. Used by `evaluate`, `translate`, `attention` and the training loop
+(dev loss, dev BLEU).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import dataclasses
 import functools
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -60,48 +61,68 @@ def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) ->
     return config
 
 
-def restore(workdir: paths.PathLike, step: int | str = 0, average_last: int = 0, overrides=(), log=print) -> Restored:
-    """A workdir's config, model, tokenizer and parameters, on the devices at hand.
+def restore(
+    workdir: paths.PathLike, step: int | Literal["latest", "best"] = "latest", average_last: int | None = None,
+    overrides=(), log=print, keep_average: bool = True,
+) -> Restored:  # fmt: skip
+    """A workdir's config, model, tokenizer and parameters, on the devices at hand. Only the
+    parameters are read from a checkpoint, never the optimizer's state.
 
-    `step` picks one checkpoint ("best": the best dev metric seen in training, `W/best`);
-    `average_last` > 1 averages the last k (saved once under `W/averaged/last<k>/<last step>`
-    and reused); neither: the config's `average_last`. `overrides`: (key, value) pairs of the
-    decode section.
+    `step`: "latest" (the last checkpoint saved), "best" (the best dev metric seen in training,
+    kept in `W/best`) or a step number. `average_last`: k >= 1 averages the parameters of the k
+    checkpoints that end at `step` (1: that checkpoint alone); None: the config's
+    `average_last` for "latest", 1 otherwise. An average is saved under
+    `W/averaged/last<k>/<last step>` and reused (`keep_average=False`: reused if saved, else
+    computed in memory only). `overrides`: (key, value) pairs of the decode section.
     """
+    if not (step in ("latest", "best") or isinstance(step, int) and not isinstance(step, bool)):
+        raise UserError(f"The checkpoint to restore is 'latest', 'best' or a step number, not {step!r}.")
+    if average_last is not None and average_last < 1:
+        raise UserError(f"average_last must be positive (1: no averaging), not {average_last}.")
     workdir = paths.Workdir(workdir)
+    if step == "best" and (average_last or 1) > 1:
+        raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
     config = apply_decode_overrides(trainstate.load_workdir_config(workdir), overrides, workdir)
+    if average_last is None:  # the config's for the latest checkpoint; a named one alone
+        average_last = config.average_last if step == "latest" else 1
     if not workdir.tokenizer.exists():
         raise UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
     tokenizer = Tokenizer(workdir.tokenizer)
     mesh = parallel.data_mesh()
-    model, _, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
+    model = trainstate.model_of(config, tokenizer.vocab_size)
+    abstract_params = trainstate.abstract_params(model, mesh)
     if step == "best":
-        params, steps = best_params(workdir, abstract_state, log)
-        return Restored(config, model, tokenizer, params, steps, mesh)
+        params, steps = best_params(workdir, abstract_params, log)
+    else:
+        params, steps = checkpoint_params(workdir, step, average_last, abstract_params, log, keep_average)
+    return Restored(config, model, tokenizer, params, steps, mesh)
+
+
+def checkpoint_params(
+    workdir: paths.Workdir, step: int | Literal["latest"], k: int, abstract_params, log=print, keep_average=True
+) -> tuple[dict, list[int]]:
+    """The parameters of the k training checkpoints that end at `step` (averaged if several:
+    `averaged`), and their steps."""
     directory = workdir.checkpoints
     if not directory.exists():
         raise UserError(f"{directory} holds no checkpoint; train first.")
     with checkpoint.manager(directory, asynchronous=False) as mngr:
-        steps = list(mngr.all_steps())
-        if not steps:
+        saved = list(mngr.all_steps())
+        if not saved:
             raise UserError(f"{directory} holds no checkpoint; train first.")
-        if step:
-            if step not in steps:
-                raise UserError(f"No checkpoint at step {step} in {directory}; there are {steps}.")
-            chosen = [step]
-        else:
-            k = average_last or config.average_last
-            chosen = steps[-k:]
-            if len(chosen) < k:
-                log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
+        if step != "latest" and step not in saved:
+            raise UserError(f"No checkpoint at step {step} in {directory}; there are {saved}.")
+        chosen = [s for s in saved if step == "latest" or s <= step][-k:]
+        if len(chosen) < k:
+            log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
-            params = checkpoint.restore(mngr, chosen[0], abstract_state).params
+            params = checkpoint.restore_state_params(mngr, chosen[0], abstract_params)
         else:
-            params = averaged(workdir, mngr, chosen, abstract_state, log)
-    return Restored(config, model, tokenizer, params, chosen, mesh)
+            params = averaged(workdir, mngr, chosen, abstract_params, log, keep_average)
+    return params, chosen
 
 
-def best_params(workdir: paths.Workdir, abstract_state, log=print) -> tuple[dict, list[int]]:
+def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dict, list[int]]:
     """The parameters kept in `W/best` (best dev metric during training) and their step."""
     if not workdir.best.exists():
         raise UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
@@ -109,24 +130,38 @@ def best_params(workdir: paths.Workdir, abstract_state, log=print) -> tuple[dict
         step = mngr.latest_step()
         if step is None:
             raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.restore_params(mngr, step, abstract_state.params)
+        params, meta = checkpoint.restore_params(mngr, step, abstract_params)
     log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
     return params, [step]
 
 
-def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_state, log=print):
-    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if written before, else computed there."""
+def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_params, log=print, keep: bool = True):
+    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if averaged there
+    from the same steps before, else computed (and saved there for reuse if `keep`)."""
     directory = workdir.averaged(len(steps))
-    with checkpoint.manager(directory, asynchronous=False) as avg:
-        if steps[-1] in avg.all_steps():
-            params, meta = checkpoint.restore_params(avg, steps[-1], abstract_state.params)
-            if meta["checkpoint_steps"] == steps:
-                return params
-            avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed): redo
-        log(f"averaging the parameters of steps {steps}")
-        params = checkpoint.average_params(mngr, steps, abstract_state)
-        checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
+    params = saved_average(directory, steps, abstract_params)
+    if params is not None:
+        return params
+    log(f"averaging the parameters of steps {steps}" + ("" if keep else " (in memory)"))
+    params = checkpoint.average_params(mngr, steps, abstract_params)
+    if keep:
+        with checkpoint.manager(directory, asynchronous=False) as avg:
+            if steps[-1] in avg.all_steps():
+                avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed)
+            checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
     return params
+
+
+def saved_average(directory, steps: list[int], abstract_params):
+    """The mean parameters of `steps` saved in `directory` (`W/averaged/last<k>`), or None if
+    there is none, or it was averaged from other steps."""
+    if not directory.exists():
+        return None
+    with checkpoint.manager(directory, asynchronous=False) as avg:
+        if steps[-1] not in avg.all_steps():
+            return None
+        params, meta = checkpoint.restore_params(avg, steps[-1], abstract_params)
+    return params if meta["checkpoint_steps"] == steps else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +181,7 @@ def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int, pre
     """Per-token loss, NLL, perplexity and accuracy over `examples` (keys with `prefix`), each
     counted once (`step`: a `loss_step`)."""
     length = pipeline.eval_length(examples, max_len)
-    totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
+    totals = dict.fromkeys(optim.SUMS, 0.0)
     batch_size = parallel.round_to_devices(config.data.eval_batch_size)
     for batch in pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()):
         batch.pop("index")

@@ -101,7 +101,7 @@ def _step(line: str) -> float:
 
 
 def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:
-    """Sums of loss / nll / correct over tokens -> per-token loss, nll, perplexity, accuracy."""
+    """Sums of loss / nll / correct over tokens (`optim.SUMS`) -> per-token loss, nll, perplexity, accuracy."""
     tokens = max(sums["tokens"], 1.0)
     nll = sums["nll"] / tokens
     return {

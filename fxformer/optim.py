@@ -35,6 +35,11 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
     return optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
 
 
+# What `cross_entropy_sums` adds up over the weighted target tokens, in its order: the
+# label-smoothed loss, the plain NLL, correct guesses, tokens (`metrics.per_token` divides by the last).
+SUMS = ("loss", "nll", "correct", "tokens")
+
+
 def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float) -> dict[str, Array]:
     """Sums over weighted target tokens of the label-smoothed loss, the plain NLL, and correct guesses.
 
@@ -49,12 +54,8 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
     confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
     smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)  # -sum_v q(v) log p(v)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return {
-        "loss": (smoothed * weights).sum(),
-        "nll": (nll * weights).sum(),
-        "correct": (correct * weights).sum(),
-        "tokens": weights.sum(),
-    }
+    sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
+    return dict(zip(SUMS, sums, strict=True))
 
 
 def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None) -> dict[str, Array]:

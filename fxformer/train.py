@@ -63,7 +63,7 @@ def train_step(
         return (jax.tree.map(jnp.add, grads_sum, grads), jax.tree.map(jnp.add, sums, out)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+    sums = {k: jnp.zeros((), jnp.float32) for k in optim.SUMS}
     micro_batches = (jax.tree.map(micro, batch), jnp.arange(accum))
     (grads, sums), _ = jax.lax.scan(accumulate, (zeros, sums), micro_batches)
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
@@ -448,7 +448,7 @@ def fetch(pending: list[dict], watch: DivergenceWatch, step: int, mngr) -> tuple
             f"The training loss {what} at step {first_bad}; {kept}: lower learning_rate_scale or raise warmup_steps "
             "and resume."
         )
-    sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "tokens")}
+    sums = {k: sum(float(m[k]) for m in fetched) for k in optim.SUMS}
     logged = {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
     return logged, len(fetched)
 

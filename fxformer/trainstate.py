@@ -31,20 +31,37 @@ class TrainState:
     rng: jax.Array
 
 
+def init_params(model: Transformer, key: jax.Array):
+    """Xavier-initialised parameters."""
+    tokens = jnp.ones((1, 8), jnp.int32)
+    return model.init(key, tokens, tokens)["params"]
+
+
 def create_state(model: Transformer, tx: optax.GradientTransformation, seed: int) -> TrainState:
     """Xavier-initialised parameters and fresh Adam moments."""
     init_key, dropout_key = jax.random.split(jax.random.key(seed))
-    tokens = jnp.ones((1, 8), jnp.int32)
-    params = model.init(init_key, tokens, tokens)["params"]
+    params = init_params(model, init_key)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+
+def model_of(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+    """The Transformer a run's config describes, over a vocabulary of `vocab_size`."""
+    return Transformer(TransformerConfig.from_config(config.model, vocab_size))
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh):
     """(model, optimizer, the state's shapes placed on the mesh): nothing is computed."""
-    model = Transformer(TransformerConfig.from_config(config.model, vocab_size))
+    model = model_of(config, vocab_size)
     tx = optim.optimizer(config)
     shapes = jax.eval_shape(functools.partial(create_state, model, tx, config.seed))
     return model, tx, checkpoint.abstract_like(shapes, parallel.replicated(mesh))
+
+
+def abstract_params(model: Transformer, mesh):
+    """The parameters' shapes placed on the mesh, as `build` places them in the state (no
+    optimizer, nothing computed): what inference restores."""
+    shapes = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
+    return checkpoint.abstract_like(shapes, parallel.replicated(mesh))
 
 
 RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume

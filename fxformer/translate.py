@@ -21,9 +21,8 @@ from __future__ import annotations
 import os
 import sys
 
-from fxformer import cli, inference, paths
+from fxformer import cli, inference, inferflags, paths
 from fxformer.errors import UserError
-from fxformer.evaluate import inference_parser, parse_inference_args
 
 
 def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], nbest: int) -> str:
@@ -39,10 +38,10 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
 
 
 def main() -> None:
-    p = inference_parser(__doc__, "fxformer.translate")
+    p = inferflags.parser(__doc__, "fxformer.translate")
     p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
     p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
-    args = parse_inference_args(p)
+    args = inferflags.parse(p)
     if args.batch_size < 0:
         raise UserError(f"--batch_size must be a number of sentences (0: the config's), not {args.batch_size}.")
     if args.input == "-":

@@ -1,0 +1,52 @@
+"""The command-line flags of the commands that use a trained run (evaluate, translate,
+attention): the workdir, which checkpoint(s), `--config.decode.*` overrides, the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fxformer import cli, configfile, parallel
+from fxformer.errors import UserError
+
+
+def parser(description: str, module: str) -> argparse.ArgumentParser:
+    """An ArgumentParser for `python -m <module>` with the shared flags."""
+    p = cli.parser(description, module, config=False)
+    p.epilog = (
+        "Change the search with --config.decode.<field>=<value>: strategy (beam, greedy, sample), beam_size, "
+        "alpha, beam_variant (live, t2t), max_extra, nbest, temperature, top_k, seed."
+    )
+    p.add_argument("--workdir", required=True, help="a training run directory")
+    p.add_argument(
+        "--step",
+        default="latest",
+        help="the checkpoint: latest (default), best (best dev metric in training) or a step number",
+    )
+    p.add_argument(
+        "--average_last",
+        type=int,
+        default=None,
+        help="average the K checkpoints ending at --step (default: the config's average_last for latest, else 1)",
+    )
+    parallel.add_cluster_flags(p)
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """The flags, with `args.step` as `inference.restore` takes it ('latest', 'best' or a step
+    number) and `args.overrides`: the (key, value) pairs of the --config.decode.* flags."""
+    args, rest = p.parse_known_args(argv)
+    args.overrides = configfile.overrides(rest)
+    args.step = checkpoint_choice(args.step)
+    parallel.join_cluster(args)
+    return args
+
+
+def checkpoint_choice(flag: str) -> int | str:
+    """--step: 'latest', 'best' or a step number (an int)."""
+    if flag in ("latest", "best"):
+        return flag
+    if not flag.isdigit():
+        raise UserError(f"--step takes 'latest', 'best' or a step number, not '{flag}'.")
+    return int(flag)
