@@ -319,8 +319,7 @@ def lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.PathL
 def default_name(source: str, steps: list[int], step: int | str) -> str:
     """A folder name from the source's first words and the checkpoint(s): `the-man-who-sees-600`."""
     words = "-".join(re.findall(r"\w+", source.lower())[:6]) or "sentence"
-    name = f"{words}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
-    return name + ("-best" if step == "best" else "")
+    return f"{words}-{paths.checkpoint_label(steps, step == 'best')}"
 
 
 def heads_of(flag: str, num_heads: int) -> list[int]:

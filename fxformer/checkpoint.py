@@ -46,12 +46,6 @@ class SaveFailed(UserError):
     """A checkpoint could not be written (a full disk, a lost bucket); the earlier ones are intact."""
 
 
-def complete_steps(directory: paths.PathLike) -> list[int]:
-    """The steps whose saves finished (an unfinished one is still named `<step>.orbax-checkpoint-tmp...`)."""
-    directory = paths.as_path(directory)
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
-
-
 def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
     """One sentence: why the save failed and which checkpoint the next run resumes from."""
     text = str(error)
@@ -62,7 +56,7 @@ def save_failed(directory: paths.PathLike, step: int | None, error: BaseExceptio
     if step is None:  # the save that failed is the one left unfinished
         unfinished = [p.name.split(".")[0] for p in paths.as_path(directory).iterdir() if TEMPORARY in p.name]
         step = int(unfinished[-1]) if unfinished and unfinished[-1].isdigit() else None
-    done = [s for s in complete_steps(directory) if s != step]
+    done = [s for s in paths.complete_steps(directory) if s != step]
     last = f"the last complete checkpoint is {directory}/{done[-1]}" if done else "no checkpoint is complete"
     what = f"Saving step {step}" if step is not None else "A save"
     return SaveFailed(

@@ -65,10 +65,7 @@ def evaluate(
     hypotheses = best(run.params, f"{section.strategy} search ({split})")
 
     steps = run.steps
-    name = f"{split}-{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "")
-    name += "-best" if step == "best" else ""
-    if n < len(source):
-        name += f"-first{n}"  # a partial evaluation never overwrites the full one
+    result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0)
     results = {
         **scores(hypotheses, references),
         **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},
@@ -84,12 +81,11 @@ def evaluate(
     if report is not None:
         report(results)
     if jax.process_index() == 0:
-        out = workdir.eval
-        out.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(out / f"{name}.hyp.txt", "".join(h + "\n" for h in hypotheses))
-        paths.write_atomic(out / f"{name}.ref.txt", "".join(r + "\n" for r in references))
-        paths.write_atomic(out / f"{name}.json", json.dumps(results, indent=2) + "\n")
-        results["path"] = str(out / f"{name}.json")
+        result.parent.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(result.with_suffix(".hyp.txt"), "".join(h + "\n" for h in hypotheses))
+        paths.write_atomic(result.with_suffix(".ref.txt"), "".join(r + "\n" for r in references))
+        paths.write_atomic(result, json.dumps(results, indent=2) + "\n")
+        results["path"] = str(result)
     return results
 
 

@@ -31,7 +31,8 @@ class MetricWriter:
             return
         register_url_writers()
         if self.path.exists():  # a resumed run rewrites what came after its checkpoint
-            self.lines = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
+            kept = lambda step: step is not None and step <= resume_step  # noqa: E731 - a damaged line is dropped
+            self.lines = [line for line in self.path.read_text().splitlines() if kept(paths.metrics_step(line))]
             paths.write_atomic(self.path, self._text())
         self.tensorboard = SummaryWriter(logdir=str(run.tensorboard), purge_step=resume_step + 1)
 
@@ -88,16 +89,6 @@ def register_url_writers() -> None:
     MetricWriter, not at import)."""
     for scheme in ("gs", "s3"):
         record_writer.register_writer_factory(scheme, _EpathEventFiles())
-
-
-def _step(line: str) -> float:
-    """The step of a metrics.jsonl line; a line without one (cut short by a kill, or damaged: no
-    integer step) counts as after every step, so a resume drops it."""
-    try:
-        step = json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return math.inf
-    return step if isinstance(step, int) and not isinstance(step, bool) else math.inf
 
 
 def per_token(sums: dict[str, float], prefix: str = "") -> dict[str, float]:

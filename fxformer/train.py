@@ -366,7 +366,7 @@ def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, 
         state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
         return mngr, state, start_step
-    if workdir.metrics.exists() and workdir.metrics.read_text().strip():
+    if workdir.logged():
         log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
     init = functools.partial(trainstate.create_state, model, tx, config.seed)
     return mngr, jax.jit(init, out_shardings=parallel.replicated(mesh))(), 0
@@ -496,7 +496,7 @@ def main() -> int:
     try:
         state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
     except StoppedBeforeTraining as e:
-        if checkpoint.complete_steps(workdir.checkpoints):
+        if workdir.checkpoint_steps():
             log(f"{e}: nothing new to save; run the same command to resume", flush=True)
             return exitcodes.STOPPED
         raise UserError(f"{e}: nothing was kept; run the same command again to train.") from None
