@@ -20,7 +20,7 @@ from fxformer import paths
 from fxformer.errors import UserError
 
 
-def manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
+def open_manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
     """A manager over `directory` (a local path or a URL) keeping the last `keep` steps (0 = all)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep or None, enable_async_checkpointing=asynchronous, create=True
@@ -65,55 +65,55 @@ def save_failed(directory: paths.PathLike, step: int | None, error: BaseExceptio
     )
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
+def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None) -> None:
     """Start writing `state` (and the data iterator's position) at `step`; returns before it is
     written. A failure of an earlier background save is raised here (or by `check`, `wait`) as SaveFailed."""
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     try:
-        mngr.save(step, args=ocp.args.Composite(**items), force=True)
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # noqa: BLE001 - orbax wraps OS errors in ValueError / RuntimeError
-        raise save_failed(mngr.directory, None, e) from None
+        raise save_failed(manager.directory, None, e) from None
 
 
-def check(mngr: ocp.CheckpointManager) -> None:
+def check(manager: ocp.CheckpointManager) -> None:
     """Raise SaveFailed now if a background save has failed (cheap: no waiting)."""
     try:
-        mngr.check_for_errors()
+        manager.check_for_errors()
     except Exception as e:  # noqa: BLE001
-        raise save_failed(mngr.directory, None, e) from None
+        raise save_failed(manager.directory, None, e) from None
 
 
-def wait(mngr: ocp.CheckpointManager) -> None:
+def wait(manager: ocp.CheckpointManager) -> None:
     """Block until the background save is written; SaveFailed if it was not."""
     try:
-        mngr.wait_until_finished()
+        manager.wait_until_finished()
     except Exception as e:  # noqa: BLE001
-        raise save_failed(mngr.directory, None, e) from None
+        raise save_failed(manager.directory, None, e) from None
 
 
-def remove_from(mngr: ocp.CheckpointManager, step: int) -> int | None:
+def remove_from(manager: ocp.CheckpointManager, step: int) -> int | None:
     """Delete the checkpoints at `step` and after (once written); the latest step left, or None."""
-    wait(mngr)
-    for saved in mngr.all_steps():
+    wait(manager)
+    for saved in manager.all_steps():
         if saved >= step:
-            mngr.delete(saved)
-    return mngr.latest_step()
+            manager.delete(saved)
+    return manager.latest_step()
 
 
-def close(mngr: ocp.CheckpointManager, failing: bool = False) -> None:
+def close(manager: ocp.CheckpointManager, failing: bool = False) -> None:
     """Wait for the last save and close; `failing` (the run is already stopping on an error):
     a second failure is not reported."""
     try:
-        wait(mngr)
-        mngr.close()
+        wait(manager)
+        manager.close()
     except SaveFailed:
         if not failing:
             raise
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
+def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
     """The state at `step`, laid out as `abstract_state` says (its shardings pick the devices).
 
     `data_iterator`, if given, is moved to the saved position.
@@ -121,41 +121,41 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
         items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-    return _restore(mngr, step, items, abstract_state.params, resuming=data_iterator is not None)["state"]
+    return _restore(manager, step, items, abstract_state.params, resuming=data_iterator is not None)["state"]
 
 
-def restore_state_params(mngr: ocp.CheckpointManager, step: int, abstract_params):
+def restore_state_params(manager: ocp.CheckpointManager, step: int, abstract_params):
     """The parameters of the state at `step`, laid out as `abstract_params` says, read alone: a
     partial restore of the state's `params` subtree (Adam's moments, the step and the RNG key
-    are not read). `mngr` must not save or restore whole states: orbax binds an item to one
+    are not read). `manager` must not save or restore whole states: orbax binds an item to one
     handler per manager."""
     item = {"params": abstract_params}
     state = ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
     )
-    return _restore(mngr, step, {"state": state}, abstract_params, resuming=False)["state"]["params"]
+    return _restore(manager, step, {"state": state}, abstract_params, resuming=False)["state"]["params"]
 
 
-def _restore(mngr: ocp.CheckpointManager, step: int, items: dict, abstract_params, resuming: bool) -> dict:
+def _restore(manager: ocp.CheckpointManager, step: int, items: dict, abstract_params, resuming: bool) -> dict:
     """`items` of the training checkpoint at `step`; a different model, a missing or damaged
     checkpoint is one sentence (`resuming`: for train, which has no --step)."""
-    mismatch = shape_mismatch(mngr.directory, step, abstract_params)
+    mismatch = shape_mismatch(manager.directory, step, abstract_params)
     if mismatch:
         raise UserError(
-            f"Checkpoint {mngr.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
+            f"Checkpoint {manager.directory}/{step} holds a different model ({mismatch}); the checkpoint is intact: "
             "use the workdir's own tokenizer.model and config, or a new --workdir."
         )
     try:
-        return mngr.restore(step, args=ocp.args.Composite(**items))
+        return manager.restore(step, args=ocp.args.Composite(**items))
     except FileNotFoundError:
-        raise UserError(f"Checkpoint {mngr.directory}/{step} is missing or incomplete.") from None
+        raise UserError(f"Checkpoint {manager.directory}/{step} is missing or incomplete.") from None
     except Exception as e:  # orbax raises bare Exception / ValueError / JSONDecodeError for damaged files
         if resuming and "process_" in str(e):
-            raise UserError(data_position_problem(mngr.directory, step)) from None
+            raise UserError(data_position_problem(manager.directory, step)) from None
         fix = "delete that step's directory or pick another with --step"  # evaluate, translate
         if resuming:  # train, which has no --step
             fix = "delete that step's directory to resume from the one before it"
-        raise UserError(f"Checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); {fix}.") from None
+        raise UserError(f"Checkpoint {manager.directory}/{step} is unreadable ({type(e).__name__}); {fix}.") from None
 
 
 def shape_mismatch(directory, step: int, abstract_params) -> str | None:
@@ -202,32 +202,32 @@ def abstract_like(tree, sharding) -> object:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def average_params(mngr: ocp.CheckpointManager, steps: list[int], abstract_params) -> dict:
+def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_params) -> dict:
     """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or
     20), each read alone (`restore_state_params`)."""
     total = None
     for step in steps:
-        params = restore_state_params(mngr, step, abstract_params)
+        params = restore_state_params(manager, step, abstract_params)
         total = params if total is None else jax.tree.map(jnp.add, total, params)
     return jax.tree.map(lambda x: x / len(steps), total)
 
 
-def save_params(mngr: ocp.CheckpointManager, step: int, params, meta: dict) -> None:
+def save_params(manager: ocp.CheckpointManager, step: int, params, meta: dict) -> None:
     """Write parameters alone (an averaged checkpoint) with a JSON description, and wait."""
     args = ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta))
-    mngr.save(step, args=args, force=True)
-    mngr.wait_until_finished()
+    manager.save(step, args=args, force=True)
+    manager.wait_until_finished()
 
 
-def restore_params(mngr: ocp.CheckpointManager, step: int, abstract_params) -> tuple[dict, dict]:
+def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params) -> tuple[dict, dict]:
     """Parameters and description of an averaged checkpoint."""
     args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
     try:
-        out = mngr.restore(step, args=args)
+        out = manager.restore(step, args=args)
     except Exception as e:
         raise UserError(
-            f"Averaged checkpoint {mngr.directory}/{step} is unreadable ({type(e).__name__}); it is only a cache: "
-            f"delete {mngr.directory}/{step} and it is averaged again from the training checkpoints."
+            f"Averaged checkpoint {manager.directory}/{step} is unreadable ({type(e).__name__}); it is only a cache: "
+            f"delete {manager.directory}/{step} and it is averaged again from the training checkpoints."
         ) from None
     return out["params"], out["meta"]
 
@@ -241,14 +241,14 @@ class Best:
 
     def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
         self.metric = metric
-        self.mngr = manager(directory, keep=1, asynchronous=False) if metric else None
+        self.manager = open_manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
         self.stale = 0  # dev evaluations since the last improvement (for early stopping)
-        if self.mngr is not None and self.mngr.latest_step() is not None:
-            step = self.mngr.latest_step()
-            meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if self.manager is not None and self.manager.latest_step() is not None:
+            step = self.manager.latest_step()
+            meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             if step > resume_step or meta.get("metric") != metric:  # a future this run retraces, or another metric
-                self.mngr.delete(step)
+                self.manager.delete(step)
             else:
                 self.value = meta["value"]
 
@@ -259,16 +259,16 @@ class Best:
 
     def offer(self, step: int, metrics: dict, params, log=print) -> None:
         """Keep `params` if `metrics[metric]` beats the best so far."""
-        if self.mngr is None or self.metric not in metrics:
+        if self.manager is None or self.metric not in metrics:
             return
         if not self.better(metrics[self.metric]):
             self.stale += 1
             return
         self.stale = 0
         self.value = float(metrics[self.metric])
-        save_params(self.mngr, step, params, {"metric": self.metric, "value": self.value, "step": step})
-        log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.mngr.directory}")
+        save_params(self.manager, step, params, {"metric": self.metric, "value": self.value, "step": step})
+        log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.manager.directory}")
 
     def close(self) -> None:
-        if self.mngr is not None:
-            self.mngr.close()
+        if self.manager is not None:
+            self.manager.close()

@@ -106,8 +106,8 @@ def checkpoint_params(
     directory = workdir.checkpoints
     if not directory.exists():
         raise UserError(f"{directory} holds no checkpoint; train first.")
-    with checkpoint.manager(directory, asynchronous=False) as mngr:
-        saved = list(mngr.all_steps())
+    with checkpoint.open_manager(directory, asynchronous=False) as manager:
+        saved = list(manager.all_steps())
         if not saved:
             raise UserError(f"{directory} holds no checkpoint; train first.")
         if step != "latest" and step not in saved:
@@ -116,9 +116,9 @@ def checkpoint_params(
         if len(chosen) < k:
             log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
-            params = checkpoint.restore_state_params(mngr, chosen[0], abstract_params)
+            params = checkpoint.restore_state_params(manager, chosen[0], abstract_params)
         else:
-            params = averaged(workdir, mngr, chosen, abstract_params, log, keep_average)
+            params = averaged(workdir, manager, chosen, abstract_params, log, keep_average)
     return params, chosen
 
 
@@ -126,16 +126,16 @@ def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dic
     """The parameters kept in `W/best` (best dev metric during training) and their step."""
     if not workdir.best.exists():
         raise UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
-    with checkpoint.manager(workdir.best, asynchronous=False) as mngr:
-        step = mngr.latest_step()
+    with checkpoint.open_manager(workdir.best, asynchronous=False) as manager:
+        step = manager.latest_step()
         if step is None:
             raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.restore_params(mngr, step, abstract_params)
+        params, meta = checkpoint.restore_params(manager, step, abstract_params)
     log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
     return params, [step]
 
 
-def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_params, log=print, keep: bool = True):
+def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params, log=print, keep: bool = True):
     """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if averaged there
     from the same steps before, else computed (and saved there for reuse if `keep`)."""
     directory = workdir.averaged(len(steps))
@@ -143,9 +143,9 @@ def averaged(workdir: paths.Workdir, mngr, steps: list[int], abstract_params, lo
     if params is not None:
         return params
     log(f"averaging the parameters of steps {steps}" + ("" if keep else " (in memory)"))
-    params = checkpoint.average_params(mngr, steps, abstract_params)
+    params = checkpoint.average_params(manager, steps, abstract_params)
     if keep:
-        with checkpoint.manager(directory, asynchronous=False) as avg:
+        with checkpoint.open_manager(directory, asynchronous=False) as avg:
             if steps[-1] in avg.all_steps():
                 avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed)
             checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
@@ -157,7 +157,7 @@ def saved_average(directory, steps: list[int], abstract_params):
     there is none, or it was averaged from other steps."""
     if not directory.exists():
         return None
-    with checkpoint.manager(directory, asynchronous=False) as avg:
+    with checkpoint.open_manager(directory, asynchronous=False) as avg:
         if steps[-1] not in avg.all_steps():
             return None
         params, meta = checkpoint.restore_params(avg, steps[-1], abstract_params)

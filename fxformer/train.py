@@ -219,20 +219,20 @@ def train_and_evaluate(
     own_stop = stop is None
     stop = stop or StopRequest()
     try:
-        return _train(config, paths.Workdir(workdir), log, stop)
+        return _check_then_train(config, paths.Workdir(workdir), log, stop)
     finally:
         if own_stop:
             stop.restore()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
     """Everything up to the first step is checked before the run is recorded: a refused command
     leaves a workdir it found as it was, and one it would have created absent."""
     check_config(config)
     trainstate.check_workdir_config(config, workdir)
     fresh = not paths.as_path(workdir).exists() or not any(paths.as_path(workdir).iterdir())
     try:
-        return _accepted(config, workdir, log, stop)
+        return _train_accepted(config, workdir, log, stop)
     except UserError:
         if (
             fresh and stop.before_training and jax.process_index() == 0
@@ -241,7 +241,9 @@ def _train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop:
         raise
 
 
-def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+    """The run itself, once its config is accepted: data, model, restore or start, then the loop
+    (step, log, evaluate, save, stop); a refusal up to the first step still leaves nothing."""
     mesh = parallel.data_mesh()
     builder, tokenizer = prepare_data(config, workdir, log)
     train_source = corpora.data_source(builder, config.data.train_split)
@@ -262,7 +264,7 @@ def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, st
     bleu_every = config.get("dev_bleu_every_steps", 0)  # older configs lack it
     dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
 
-    mngr, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
+    manager, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
     stop.training()
     recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
     if recorded:
@@ -294,7 +296,7 @@ def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, st
             due = what_is_due(config, step, now, dev_bleu is not None)
             if due.log and not workdir.tokenizer.exists():  # the workdir was removed under the run
                 raise FileNotFoundError(workdir.tokenizer)
-            logged, steps = fetch(pending, watch, step, mngr) if due.log else ({}, 0)  # no save of unchecked losses
+            logged, steps = fetch(pending, watch, step, manager) if due.log else ({}, 0)  # no save of unchecked losses
             if due.dev_loss:
                 max_len = model.config.max_len
                 logged.update(
@@ -311,19 +313,19 @@ def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, st
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
                 log(progress.line(step, total, shown))
             if due.save:
-                checkpoint.save(mngr, step, state, data_iterator)
+                checkpoint.save(manager, step, state, data_iterator)
                 last_save = time.time()
                 if not recorded:
                     trainstate.write_workdir_config(config, workdir, start_step)
                     recorded = True
             elif logged:
-                checkpoint.check(mngr)  # a failed background save stops the run now, not at the next save
+                checkpoint.check(manager)  # a failed background save stops the run now, not at the next save
             if due.stop:
-                checkpoint.wait(mngr)
+                checkpoint.wait(manager)
                 log(f"{stop_reason(stop, progress)}: saved step {step} to {workdir.checkpoints}; exiting")
                 break
     except BaseException as e:
-        checkpoint.close(mngr, failing=True)
+        checkpoint.close(manager, failing=True)
         if isinstance(e, (FileNotFoundError, UserError)) and not workdir.tokenizer.exists():  # removed under us
             raise UserError(
                 f"The workdir {workdir} was removed while training (at step {step}); nothing more can be saved "
@@ -331,7 +333,7 @@ def _accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, st
             ) from None
         raise
     else:
-        checkpoint.close(mngr)
+        checkpoint.close(manager)
     finally:
         best.close()
         if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
@@ -360,16 +362,16 @@ def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, 
     position), or a fresh state; leftovers of saves that never finished are removed first."""
     if jax.process_index() == 0:
         checkpoint.remove_unfinished(workdir.checkpoints, log)
-    mngr = checkpoint.manager(workdir.checkpoints, config.keep_checkpoints)
-    start_step = mngr.latest_step() or 0
+    manager = checkpoint.open_manager(workdir.checkpoints, config.keep_checkpoints)
+    start_step = manager.latest_step() or 0
     if start_step:
-        state = checkpoint.restore(mngr, start_step, abstract_state, data_iterator)
+        state = checkpoint.restore(manager, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
-        return mngr, state, start_step
+        return manager, state, start_step
     if workdir.logged():
         log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
     init = functools.partial(trainstate.create_state, model, tx, config.seed)
-    return mngr, jax.jit(init, out_shardings=parallel.replicated(mesh))(), 0
+    return manager, jax.jit(init, out_shardings=parallel.replicated(mesh))(), 0
 
 
 def describe(config, workdir: paths.Workdir, state, model, tokenizer, rows: int, start_step: int, log) -> None:
@@ -432,7 +434,7 @@ def what_is_due(config, step: int, agreed: Agreed, measures_bleu: bool) -> Due:
     return Due(log, dev_loss, dev_bleu, save, agreed.stop)
 
 
-def fetch(pending: list[dict], watch: DivergenceWatch, step: int, mngr) -> tuple[dict[str, float], int]:
+def fetch(pending: list[dict], watch: DivergenceWatch, step: int, manager) -> tuple[dict[str, float], int]:
     """(per-token metrics of the pending steps, how many), fetched from the devices. A diverged
     loss at step F means the parameters after step F - 1 are bad: their checkpoints (and later
     ones) are removed, and the run stops with Diverged."""
@@ -442,7 +444,7 @@ def fetch(pending: list[dict], watch: DivergenceWatch, step: int, mngr) -> tuple
     if found is not None:
         index, what = found
         first_bad = step - len(fetched) + 1 + index
-        last_good = checkpoint.remove_from(mngr, first_bad - 1)
+        last_good = checkpoint.remove_from(manager, first_bad - 1)
         kept = f"the last good checkpoint (step {last_good}) is intact" if last_good else "no checkpoint was kept"
         raise Diverged(
             f"The training loss {what} at step {first_bad}; {kept}: lower learning_rate_scale or raise warmup_steps "

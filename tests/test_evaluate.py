@@ -32,11 +32,13 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     vocab = Tokenizer(workdir / "tokenizer.model").vocab_size
     mesh = parallel.data_mesh()
     _, _, abstract_state = trainstate.build(config, vocab, mesh)
-    with checkpoint.manager(workdir / "checkpoints", asynchronous=False) as mngr:
-        assert list(mngr.all_steps()) == [10, 20]
-        ten, twenty = (jax.device_get(checkpoint.restore(mngr, s, abstract_state).params) for s in (10, 20))
-    with checkpoint.manager(workdir / "checkpoints", asynchronous=False) as mngr:  # parameters alone: another manager
-        mean = jax.device_get(checkpoint.average_params(mngr, [10, 20], abstract_state.params))
+    with checkpoint.open_manager(workdir / "checkpoints", asynchronous=False) as manager:
+        assert list(manager.all_steps()) == [10, 20]
+        ten, twenty = (jax.device_get(checkpoint.restore(manager, s, abstract_state).params) for s in (10, 20))
+    with checkpoint.open_manager(
+        workdir / "checkpoints", asynchronous=False
+    ) as manager:  # parameters alone: another manager
+        mean = jax.device_get(checkpoint.average_params(manager, [10, 20], abstract_state.params))
     assert jax.tree.structure(mean) == jax.tree.structure(ten)
     for a, b, m in zip(jax.tree.leaves(ten), jax.tree.leaves(twenty), jax.tree.leaves(mean)):
         assert not np.array_equal(a, b)

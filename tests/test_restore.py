@@ -39,14 +39,14 @@ def test_the_parameters_are_read_alone_from_a_training_checkpoint(tmp_path):
     state = jax.jit(functools.partial(trainstate.create_state, model, tx, 0))()
     noise = lambda x: x + jax.random.normal(jax.random.key(1), x.shape) if x.dtype == jnp.float32 else x  # noqa: E731
     state = state.replace(opt_state=jax.tree.map(noise, state.opt_state))  # moments as incompressible as parameters
-    with checkpoint.manager(tmp_path, asynchronous=False) as mngr:
-        checkpoint.save(mngr, 5, state)
+    with checkpoint.open_manager(tmp_path, asynchronous=False) as manager:
+        checkpoint.save(manager, 5, state)
     before = bytes_read()
-    with checkpoint.manager(tmp_path, asynchronous=False) as mngr:
-        params = checkpoint.restore_state_params(mngr, 5, trainstate.abstract_params(model, mesh))
+    with checkpoint.open_manager(tmp_path, asynchronous=False) as manager:
+        params = checkpoint.restore_state_params(manager, 5, trainstate.abstract_params(model, mesh))
     partial = bytes_read() - before
-    with checkpoint.manager(tmp_path, asynchronous=False) as mngr:
-        full = checkpoint.restore(mngr, 5, abstract_state)
+    with checkpoint.open_manager(tmp_path, asynchronous=False) as manager:
+        full = checkpoint.restore(manager, 5, abstract_state)
     whole = bytes_read() - before - partial
     assert jax.tree.structure(params) == jax.tree.structure(state.params)
     for got, want in zip(leaves(params), leaves(state.params), strict=True):
@@ -79,8 +79,10 @@ def test_restore_holds_the_parameters_of_the_full_state_and_nothing_else(eight_d
     model, _, abstract_state = trainstate.build(config, vocab_size, parallel.data_mesh())
     tokens = jnp.ones((1, 4), jnp.int32)
     init = jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)["params"]
-    with checkpoint.manager(workdir / "checkpoints", asynchronous=False) as mngr:  # the whole state, as train reads it
-        full = {step: leaves(checkpoint.restore(mngr, step, abstract_state).params) for step in (10, 20)}
+    with checkpoint.open_manager(
+        workdir / "checkpoints", asynchronous=False
+    ) as manager:  # the whole state, as train reads it
+        full = {step: leaves(checkpoint.restore(manager, step, abstract_state).params) for step in (10, 20)}
     (best_step,) = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
     mean = [np.mean(np.stack([a, b]), axis=0) for a, b in zip(full[10], full[20])]
     quiet = lambda *a, **k: None  # noqa: E731
