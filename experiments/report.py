@@ -116,7 +116,16 @@ def record(ctx: Context, run, config: dict, base_config: dict) -> dict:
         "sd": {m: stats.mean_sd(list(seeds[m].values()))[1] for m in sweep.metrics},
         "paper": {m: sweep.reference.get(run.name, {}).get(m) for m in sweep.metrics},
         "paper_params": sweep.reference.get(run.name, {}).get("params"),
+        "end_above_lowest": max(
+            (rise for rep in reps if (rise := end_above_lowest(curve(ctx, rep))) is not None), default=None
+        ),
     }
+
+
+def end_above_lowest(points: dict[int, float]) -> float | None:
+    """How far a learning curve ends above its lowest point (0: it ends at its lowest; a run that
+    overfits or diverges ends higher); None without a point."""
+    return points[max(points)] - min(points.values()) if points else None
 
 
 def set_of(values: list[str]) -> list[str]:
@@ -237,6 +246,7 @@ def footer(ctx: Context, records: list[dict]) -> list[str]:
         f"standard error (sd of the paired differences / sqrt(pairs)); ours is a tie where |Δ| <= "
         f"{stats.TIE_SE:g} SE. " + reference_rule(ctx.sweep),
     ]
+    lines.append(end_note(records))
     for m in ctx.sweep.metrics:
         verdicts = [r["direction"][m] for r in records if r["direction"][m]]
         counted = [v for v in verdicts if v in ("agree", "disagree", "tie")]
@@ -256,6 +266,23 @@ def footer(ctx: Context, records: list[dict]) -> list[str]:
             agree = sum(v.endswith("agree") and "disagree" not in v for v in verdicts)
             lines.append(f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(verdicts)}.")
     return lines
+
+
+def end_note(records: list[dict]) -> str:
+    """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
+    rises = {r["row"]: r["end_above_lowest"] for r in records if r["end_above_lowest"] is not None}
+    above = [f"{row} (+{rise:.3f}, seed sd {sd:.3f})" for row, rise in rises.items()
+             if rise > 0 and (sd := records_sd(records, row)) is not None and rise > sd]  # fmt: skip
+    ending = sum(rise == 0 for rise in rises.values())
+    return (
+        f"Dev PPL at the end vs each run's lowest: in {ending} of {len(rises)} rows every seed ends at its lowest; "
+        f"the largest rise is {max(rises.values(), default=0):.3f}; rows with a seed that ends above its lowest "
+        f"by more than the row's seed sd: {', '.join(above) or 'none'}."
+    )
+
+
+def records_sd(records: list[dict], row: str) -> float | None:
+    return next(r["sd"].get("ppl") for r in records if r["row"] == row)
 
 
 def reference_rule(sweep) -> str:

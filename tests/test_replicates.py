@@ -109,6 +109,21 @@ def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
     assert saved["rows"][1]["seeds"]["ppl"] == {"0": 2.3, "1": 2.31, "2": 2.2}
 
 
+def test_collect_says_whether_runs_end_at_their_lowest_dev_perplexity(tmp_path):
+    ctx = context(tmp_path / "t3", "--seeds=4")
+    write_results(ctx)
+    curves = {"base": [3.0, 2.0, 1.9], "base.s1": [3.0, 1.85, 1.9], "B1": [4.0, 2.5, 2.3], "B1.s2": [4.0, 2.0, 2.4]}
+    for name, values in curves.items():
+        lines = [json.dumps({"step": 100 * (i + 1), "dev_ppl": v}) for i, v in enumerate(values)]
+        (Path(ctx.root) / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    records = report.gather(ctx, ctx.sweep.select("base,B1,C1"))
+    rises = {rec["row"]: rec["end_above_lowest"] for rec in records}
+    assert rises == {"base": pytest.approx(0.05), "B1": pytest.approx(0.4), "C1": None}  # the worst seed's rise
+    note = report.end_note(records)
+    sd_b1 = np.std(HAND_MADE["B1"][0], ddof=1)  # 0.061: B1 rise of 0.4 is above it; base 0.05 below its 0.065
+    assert f"B1 (+0.400, seed sd {sd_b1:.3f})" in note and "base (" not in note and "in 0 of 2 rows" in note
+
+
 # ---------------------------------------------------------------------------------------------
 # Seeds: init, dropout and data order
 
