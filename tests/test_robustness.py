@@ -579,7 +579,8 @@ def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_pat
 def test_sigterm_during_compilation_stops_after_the_first_step_with_nothing_half_written(tmp_path, data_dir, corpus):
     """The first step compiles the model (XLA: no Python runs until it returns, so the signal is
     handled then): the run saves that step and exits 75 within seconds; no unfinished save is
-    left, and the same command resumes from it."""
+    left, and the same command resumes from it. (A loaded machine may deliver the signal a
+    moment before the first step: then nothing is saved, still 75, and the resume trains.)"""
     import subprocess
     import time
 
@@ -598,10 +599,16 @@ def test_sigterm_during_compilation_stops_after_the_first_step_with_nothing_half
     out, err = process.communicate(timeout=60)
     seconds = time.time() - start
     assert process.returncode == exitcodes.STOPPED and seconds < 30, err[-2000:]
-    assert f"SIGTERM: saved step 1 to {workdir / 'checkpoints'}; exiting" in out, out
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]  # no unfinished save
+    checkpoints = workdir / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.iterdir()) if checkpoints.exists() else []
+    if saved:  # the signal came while a step ran in XLA (the first compiles): that step is saved, and only it
+        assert len(saved) == 1 and saved[0].isdigit(), saved  # no unfinished save
+        assert f"SIGTERM: saved step {saved[0]} to {checkpoints}; exiting" in out, out
+    else:  # on a loaded machine it may come before the first step began
+        assert "SIGTERM before the first step: nothing new to save" in out, out
     resumed = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
-    assert resumed.returncode == 0 and f"resumed from {workdir / 'checkpoints' / '1'}" in resumed.stdout
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not saved or f"resumed from {checkpoints / saved[0]}" in resumed.stdout
 
 
 @pytest.mark.slow
