@@ -190,7 +190,11 @@ class StopRequest:
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def training(self) -> None:
-        """Training goes on from here: a signal now asks for a save at the next agreed step."""
+        """Training goes on from here: a signal now asks for a save at the next agreed step. A
+        signal that came before, whose stop a library swallowed (TFDS catches what is raised in
+        its logging hooks), stops the command here."""
+        if self.signal is not None:
+            raise StoppedBeforeTraining(f"{self.name} before training began")
         self.before_training = False
 
     def _handle(self, signum, frame) -> None:
@@ -331,6 +335,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
                 f"The workdir {workdir} was removed while training (at step {step}); nothing more can be saved "
                 "there: run the same command to train again from step 0."
             ) from None
+        if paths.unwritable(e):  # the disk filled under the loop's own writes (metrics) while a save was in flight
+            raise checkpoint.save_failed(workdir.checkpoints, None, e) from None
         raise
     else:
         checkpoint.close(manager)
