@@ -270,19 +270,15 @@ def footer(ctx: Context, records: list[dict]) -> list[str]:
 
 def end_note(records: list[dict]) -> str:
     """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
-    rises = {r["row"]: r["end_above_lowest"] for r in records if r["end_above_lowest"] is not None}
-    above = [f"{row} (+{rise:.3f}, seed sd {sd:.3f})" for row, rise in rises.items()
-             if rise > 0 and (sd := records_sd(records, row)) is not None and rise > sd]  # fmt: skip
-    ending = sum(rise == 0 for rise in rises.values())
+    measured = [r for r in records if r["end_above_lowest"] is not None]
+    rises = [r["end_above_lowest"] for r in measured]
+    above = [f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})" for r in measured
+             if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]]  # fmt: skip
     return (
-        f"Dev PPL at the end vs each run's lowest: in {ending} of {len(rises)} rows every seed ends at its lowest; "
-        f"the largest rise is {max(rises.values(), default=0):.3f}; rows with a seed that ends above its lowest "
+        f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
+        f"lowest; the largest rise is {max(rises, default=0):.3f}; rows with a seed that ends above its lowest "
         f"by more than the row's seed sd: {', '.join(above) or 'none'}."
     )
-
-
-def records_sd(records: list[dict], row: str) -> float | None:
-    return next(r["sd"].get("ppl") for r in records if r["row"] == row)
 
 
 def reference_rule(sweep) -> str:
