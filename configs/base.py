@@ -7,7 +7,7 @@ Needs WMT14 prepared with TFDS first (README, "WMT 2014"). Table 3 rows start fr
 
 import ml_collections
 
-from fxformer.resolve import decode_defaults
+from fxformer.config import decode_defaults
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

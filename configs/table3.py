@@ -25,7 +25,7 @@ import math
 import ml_collections
 
 from configs import base, big, with_overrides
-from fxformer.resolve import resolve_derived
+from fxformer.config import resolve_derived
 
 ROWS = {
     "base": {},

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer import cli, inference, inferflags, paths, trainstate
+from fxformer import cli, inference, inferflags, paths
+from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 
@@ -347,7 +348,7 @@ def main() -> None:
     args = inferflags.parse(p)
     log = cli.log_to_stderr
 
-    config = trainstate.load_workdir_config(args.workdir)  # layers and heads checked before any restore
+    config = load_workdir_config(args.workdir)  # layers and heads checked before any restore
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = max(1, num_layers - 1) if args.layer is None else args.layer
     if not 1 <= layer <= num_layers:

@@ -15,8 +15,8 @@ from typing import Any
 
 import ml_collections
 
+from fxformer.config import resolve_derived
 from fxformer.errors import UserError
-from fxformer.resolve import resolve_derived
 
 
 def make_importable(file: Path) -> None:

@@ -21,7 +21,8 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, inference, inferflags, paths, trainstate
+from fxformer import cli, inference, inferflags, paths
+from fxformer.config import load_workdir_config
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
 
@@ -91,7 +92,7 @@ def evaluate(
 
 def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
     """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
-    config = trainstate.load_workdir_config(workdir)
+    config = load_workdir_config(workdir)
     try:
         data = paths.as_path(hypotheses_file).read_bytes()
     except OSError as e:

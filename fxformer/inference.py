@@ -21,12 +21,12 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
+from fxformer.config import check_decode, load_workdir_config
 from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import per_token
 from fxformer.model import Transformer, TransformerConfig, grow_cache
-from fxformer.resolve import check_decode
 from fxformer.timefmt import duration
 from fxformer.tokens import BOS_ID, PAD_ID
 
@@ -82,7 +82,7 @@ def restore(
     workdir = paths.Workdir(workdir)
     if step == "best" and (average_last or 1) > 1:
         raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
-    config = apply_decode_overrides(trainstate.load_workdir_config(workdir), overrides, workdir)
+    config = apply_decode_overrides(load_workdir_config(workdir), overrides, workdir)
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
     if not workdir.tokenizer.exists():

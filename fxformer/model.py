@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fxformer.config import head_width
 from fxformer.errors import UserError
-from fxformer.resolve import head_width
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array

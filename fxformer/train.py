@@ -25,11 +25,11 @@ import optax
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, cli, exitcodes, inference, optim, parallel, paths, trainstate
+from fxformer.config import check_decode, check_workdir_config, load_workdir_config, write_workdir_config
 from fxformer.data import corpora, pipeline, tokenizer_for
 from fxformer.errors import UserError
 from fxformer.metrics import MetricWriter, Progress, per_token
 from fxformer.model import TransformerConfig
-from fxformer.resolve import check_decode
 from fxformer.trainstate import TrainState
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir,
     """Everything up to the first step is checked before the run is recorded: a refused command
     leaves a workdir it found as it was, and one it would have created absent."""
     check_config(config)
-    trainstate.check_workdir_config(config, workdir)
+    check_workdir_config(config, workdir)
     fresh = not paths.as_path(workdir).exists() or not any(paths.as_path(workdir).iterdir())
     try:
         return _train_accepted(config, workdir, log, stop)
@@ -267,8 +267,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     manager, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
     stop.training()
     recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
-    if recorded:
-        trainstate.write_workdir_config(config, workdir, start_step)
+    if recorded and jax.process_index() == 0:
+        write_workdir_config(config, workdir, start_step)
     describe(config, workdir, state, model, tokenizer, rows, start_step, log)
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
     best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
@@ -315,8 +315,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
             if due.save:
                 checkpoint.save(manager, step, state, data_iterator)
                 last_save = time.time()
-                if not recorded:
-                    trainstate.write_workdir_config(config, workdir, start_step)
+                if not recorded and jax.process_index() == 0:
+                    write_workdir_config(config, workdir, start_step)
                     recorded = True
             elif logged:
                 checkpoint.check(manager)  # a failed background save stops the run now, not at the next save
@@ -492,7 +492,7 @@ def main() -> int:
     if config is None:  # resume a run with the config it was started with
         if not workdir.config.exists():
             raise UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
-        config = trainstate.load_workdir_config(workdir)
+        config = load_workdir_config(workdir)
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     try:

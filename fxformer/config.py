@@ -1,11 +1,16 @@
-"""Config fields derived from others, after the command line's overrides: `model.d_k` and
-`model.d_v` of 0 mean d_model / h. Imports no JAX (the launcher and the sweeps use it).
+"""A run's config in one place: the fields derived from others, the `decode` section and its
+checks, and the resolved config a run records in its workdir (`W/config.json`: read, written,
+compared on resume). Imports no JAX (the launcher and the sweeps use it).
 """
 
 from __future__ import annotations
 
+import json
+import time
+
 import ml_collections
 
+from fxformer import paths
 from fxformer.errors import UserError
 
 
@@ -77,3 +82,70 @@ def check_decode(decode: ml_collections.ConfigDict) -> None:
         raise UserError(f"decode.nbest ({decode.nbest}) cannot exceed decode.beam_size ({decode.beam_size}).")
     if decode.strategy == "greedy" and decode.nbest > 1:
         raise UserError("decode.nbest > 1 needs decode.strategy=beam or sample; greedy search finds one.")
+
+
+RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume
+
+
+def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
+    """The resolved config a run wrote into its workdir (one written before the `decode`
+    section existed gets it, from its top-level beam_size / alpha / max_decode_extra)."""
+    path = paths.Workdir(workdir).config
+    paths.check_workdir(workdir)
+    if not path.exists():
+        raise UserError(f"{workdir} has no config.json; is it a training workdir?")
+    try:
+        loaded = json.loads(path.read_text())
+        if not isinstance(loaded, dict) or "model" not in loaded:
+            raise ValueError("not a config")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"{path} is damaged ({type(e).__name__}); write it again by training with the run's --config."
+        ) from None
+    return decode_section(ml_collections.ConfigDict(loaded))
+
+
+def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
+    """Refuse a workdir whose recorded model differs from the config's (nothing is written)."""
+    paths.check_workdir(workdir)
+    if not paths.Workdir(workdir).config.exists():
+        return
+    old = load_workdir_config(workdir).to_dict()
+    new = json.loads(config.to_json())
+    keys = (set(old["model"]) | set(new["model"])) - RUNTIME_FIELDS
+    changed = [k for k in keys if old["model"].get(k) != new["model"].get(k)]
+    if changed:
+        raise UserError(
+            f"{workdir} holds a model with a different model.{changed[0]} "
+            f"({old['model'].get(changed[0])} vs {new['model'].get(changed[0])}); use a new --workdir."
+        )
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
+    """{dotted key: [old, new]} for every field whose value differs between two configs."""
+    out = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(config_changes(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = [a, b]
+    return out
+
+
+def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike, step: int = 0) -> None:
+    """Record the resolved config the run trains with, once training really goes on from `step`
+    (train's process 0 calls it when a new run starts, and for a resume at its first save). Fields a resume
+    changed (`num_train_steps`, the schedule, intervals, ...) are appended to `W/config-history.jsonl`
+    with the step from which they hold, so no value is overwritten silently."""
+    run = paths.Workdir(workdir)
+    new = json.loads(config.to_json())
+    if run.config.exists():
+        changed = config_changes(load_workdir_config(workdir).to_dict(), new)
+        if not changed:
+            return
+        history = run.config_history.read_text() if run.config_history.exists() else ""
+        line = json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed})
+        paths.write_atomic(run.config_history, history + line + "\n")
+    run.config.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_atomic(run.config, config.to_json(indent=2))  # other processes read the old file or the new one
