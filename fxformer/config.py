@@ -10,6 +10,7 @@ import time
 
 import ml_collections
 
+from configs import base
 from fxformer import paths
 from fxformer.errors import UserError
 
@@ -27,44 +28,43 @@ def head_width(d_model: int, num_heads: int, key: str) -> int:
 def resolve_derived(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Fill fields derived from others, after the overrides: `model.d_k` / `model.d_v` of 0 become
     d_model / h, so changing d_model or h changes the heads' width unless d_k / d_v are set."""
-    model = config.get("model")
-    if model is not None and all(k in model for k in ("d_k", "d_v", "d_model", "num_heads")):
+    model = config.model if "model" in config else {}
+    if all(k in model for k in ("d_k", "d_v", "d_model", "num_heads")):
         for key in ("d_k", "d_v"):
             if model[key] == 0 and model.num_heads > 0:
                 model[key] = head_width(model.d_model, model.num_heads, key)
     return config
 
 
+# Fields older code wrote under other names: its dotted key -> today's.
+RENAMED = {"beam_size": "decode.beam_size", "alpha": "decode.alpha", "max_decode_extra": "decode.max_extra"}
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A config written by older code (a workdir's config.json), as today's code reads it: fields
+    it names otherwise (`RENAMED`) moved to today's names, and every field it lacks filled with
+    configs/base.py's default; the fields it has keep their values."""
+    old = config.to_dict()
+    for before, now in RENAMED.items():
+        if before in old:
+            value = old.pop(before)
+            section, _, leaf = now.rpartition(".")
+            old.setdefault(section, {}).setdefault(leaf, value)
+    return ml_collections.ConfigDict(_filled(old, base.get_config().to_dict()))
+
+
+def _filled(config: dict, defaults: dict) -> dict:
+    """`config` with every key of `defaults` it lacks (in sections too) set to the default."""
+    out = dict(config)
+    for key, default in defaults.items():
+        if key not in out:
+            out[key] = default
+        elif isinstance(default, dict) and isinstance(out[key], dict):
+            out[key] = _filled(out[key], default)
+    return out
+
+
 STRATEGIES = ("beam", "greedy", "sample")
-
-
-def decode_defaults() -> ml_collections.ConfigDict:
-    """The `decode` section: how evaluate and translate (and dev BLEU in training) search."""
-    return ml_collections.ConfigDict({
-        "strategy": "beam",  # beam, greedy or sample
-        "beam_size": 4,
-        "alpha": 0.6,  # GNMT length penalty ((5 + |Y|) / 6)^alpha
-        "beam_variant": "live",  # live (fxformer's, the paper's) or t2t (2k candidates, k kept live)
-        "max_extra": 50,  # maximum output length = input length + 50
-        "nbest": 1,  # translations per input (beam: at most beam_size; sample: samples per input)
-        "temperature": 1.0,  # sampling: softmax(log p / temperature)
-        "top_k": 0,  # sampling: only the k most probable tokens (0 = all)
-        "seed": 0,  # sampling: the same seed gives the same samples
-    })  # fmt: skip
-
-
-def decode_section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Give a config written before the `decode` section existed (top-level beam_size, alpha,
-    max_decode_extra) its section, with those values; a config that has one is left as it is."""
-    if "decode" in config:
-        return config
-    section = decode_defaults()
-    for old, new in (("beam_size", "beam_size"), ("alpha", "alpha"), ("max_decode_extra", "max_extra")):
-        if old in config:
-            section[new] = config[old]
-    with config.unlocked():
-        config.decode = section
-    return config
 
 
 def check_decode(decode: ml_collections.ConfigDict) -> None:
@@ -88,8 +88,8 @@ RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is
 
 
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
-    """The resolved config a run wrote into its workdir (one written before the `decode`
-    section existed gets it, from its top-level beam_size / alpha / max_decode_extra)."""
+    """The resolved config a run wrote into its workdir, upgraded: one written by older code gets
+    the fields added since (`upgrade`)."""
     path = paths.Workdir(workdir).config
     paths.check_workdir(workdir)
     if not path.exists():
@@ -102,7 +102,7 @@ def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
         raise UserError(
             f"{path} is damaged ({type(e).__name__}); write it again by training with the run's --config."
         ) from None
-    return decode_section(ml_collections.ConfigDict(loaded))
+    return upgrade(ml_collections.ConfigDict(loaded))
 
 
 def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:

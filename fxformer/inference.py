@@ -368,7 +368,7 @@ class DevBleu:
 
     def __init__(self, model, mesh, config, source, tokenizer: Tokenizer, log=print):
         data = config.data
-        n = min(config.get("dev_bleu_sentences", 0) or len(source), len(source))
+        n = min(config.dev_bleu_sentences or len(source), len(source))
         examples = pipeline.tokenize_split(source, tokenizer, data, n)
         self.references = pipeline.references(source, data, n)
         self.best = BestTranslations(model, mesh, config.decode, examples, tokenizer, data.eval_batch_size, log)

@@ -91,8 +91,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for key, low in at_least.items():
         section, _, leaf = key.rpartition(".")
         node = config[section] if section else config
-        if leaf not in node:  # a field added since an older workdir's config.json was written
-            continue
         value = node[leaf]
         if value < low:
             raise UserError(f"{key} must be at least {low}, not {value}.")
@@ -117,11 +115,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if not config.adam_eps > 0:
         raise UserError(f"adam_eps must be positive, not {config.adam_eps}.")
     metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")
-    if config.get("best_metric", "") not in metrics:
+    if config.best_metric not in metrics:
         raise UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
-    if config.get("dev_bleu_every_steps", 0) < 0 or config.get("dev_bleu_sentences", 0) < 0:
+    if config.dev_bleu_every_steps < 0 or config.dev_bleu_sentences < 0:
         raise UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
-    if config.get("best_metric") == "dev_bleu" and not config.get("dev_bleu_every_steps", 0):
+    if config.best_metric == "dev_bleu" and not config.dev_bleu_every_steps:
         raise UserError("best_metric=dev_bleu needs dev BLEU during training: set dev_bleu_every_steps, e.g. 5000.")
     check_decode(config.decode)
     TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
@@ -261,8 +259,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     dev_examples = pipeline.tokenize_split(
         dev_source, tokenizer, config.data, config.eval_batches * config.data.eval_batch_size
     )
-    bleu_every = config.get("dev_bleu_every_steps", 0)  # older configs lack it
-    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
+    measures_bleu = config.dev_bleu_every_steps > 0
+    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if measures_bleu else None
 
     manager, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
     stop.training()
@@ -271,9 +269,9 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
         write_workdir_config(config, workdir, start_step)
     describe(config, workdir, state, model, tokenizer, rows, start_step, log)
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
-    best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
-    watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
-    progress = Progress(writer.last(), 60 * config.get("train_minutes", 0.0))
+    best = checkpoint.Best(workdir.best, config.best_metric, start_step)
+    watch = DivergenceWatch(config.divergence_factor, tokenizer.vocab_size)
+    progress = Progress(writer.last(), 60 * config.train_minutes)
     total = config.num_train_steps
     pending: list[dict] = []  # device metrics of the steps not yet logged
     step, last_save = start_step, time.time()
@@ -459,7 +457,7 @@ def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, s
     """Offer the parameters as the best by dev metric; True (and `stop.early` says why) once
     `early_stopping_patience` dev evaluations have passed without a better one."""
     best.offer(step, logged, params, log)
-    patience = config.get("early_stopping_patience", 0)
+    patience = config.early_stopping_patience
     if patience and best.stale >= patience and step != config.num_train_steps:
         stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
         return True

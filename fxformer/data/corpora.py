@@ -164,7 +164,7 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
     files = []
     for split, prefix in TEXT_SPLITS.items():
         fields = [f"{prefix}source_file", f"{prefix}target_file"]
-        given = [data.get(f, "") for f in fields]
+        given = [data[f] for f in fields]
         if split != "train" and not any(given):
             continue
         for field, value in zip(fields, given):
