@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
+from fxformer.config import validate
 from fxformer.data import pipeline
 from fxformer.errors import UserError
 from fxformer.model import TransformerConfig
@@ -232,7 +233,7 @@ def main() -> None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/base.py.")
     if args.steps < 1 or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
         raise UserError("--steps, --decode_repeats must be at least 1, --decode_batch 0 or more, --decode_len 2+.")
-    train.check_config(config)
+    validate(config, jax.default_backend(), jax.process_count())
     results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats)
     print(table(results))
     if args.json:

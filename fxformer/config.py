@@ -6,6 +6,7 @@ compared on resume). Imports no JAX (the launcher and the sweeps use it).
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import ml_collections
@@ -14,15 +15,24 @@ from configs import base
 from fxformer import paths
 from fxformer.errors import UserError
 
+# ---------------------------------------------------------------------------------------------
+# Derived fields
+
 
 def head_width(d_model: int, num_heads: int, key: str) -> int:
     """What `model.d_k` / `model.d_v` of 0 mean: d_model / h, the paper's choice (refused when h
-    does not divide d_model)."""
-    if d_model % num_heads:
+    does not divide d_model; 0 while h is not positive, which `validate` refuses)."""
+    if num_heads > 0 and d_model % num_heads:
         raise UserError(
             f"model.d_model ({d_model}) is not divisible by model.num_heads ({num_heads}); set model.{key} explicitly."
         )
-    return d_model // num_heads
+    return d_model // num_heads if num_heads > 0 else 0
+
+
+def head_widths(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(d_k, d_v) of a `model` section, 0 meaning d_model / h (`head_width`)."""
+    d_k, d_v = (model[key] or head_width(model.d_model, model.num_heads, key) for key in ("d_k", "d_v"))
+    return d_k, d_v
 
 
 def resolve_derived(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -30,10 +40,12 @@ def resolve_derived(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     d_model / h, so changing d_model or h changes the heads' width unless d_k / d_v are set."""
     model = config.model if "model" in config else {}
     if all(k in model for k in ("d_k", "d_v", "d_model", "num_heads")):
-        for key in ("d_k", "d_v"):
-            if model[key] == 0 and model.num_heads > 0:
-                model[key] = head_width(model.d_model, model.num_heads, key)
+        model.d_k, model.d_v = head_widths(model)
     return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Older configs
 
 
 # Fields older code wrote under other names: its dotted key -> today's.
@@ -62,6 +74,133 @@ def _filled(config: dict, defaults: dict) -> dict:
         elif isinstance(default, dict) and isinstance(out[key], dict):
             out[key] = _filled(out[key], default)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: each refusal of a config in one sentence, all before anything is written
+
+
+AT_LEAST = {
+    "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
+    "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0,
+    "average_last": 1, "checkpoint_every_minutes": 0,
+    "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
+    "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
+    "data.vocab_size": 8, "data.tokenizer_sentences": 1,
+}  # fmt: skip
+BEST_METRICS = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")
+EMBEDDED_CORPORA = ("embedded", "embedded2")  # data.dataset of fxformer's own corpora (en -> de)
+
+
+def validate(config: ml_collections.ConfigDict, backend: str | None = None, processes: int = 1) -> None:
+    """Refuse, in one sentence, a config that training cannot run with: every check of a config,
+    run before anything is written. `backend` (jax.default_backend()) and `processes`
+    (jax.process_count()) describe the machine, for the checks that depend on it (None: a GPU
+    is not asked for)."""
+    _check_training(config)
+    _check_data(config, processes)
+    _check_model(config.model, backend)
+    check_decode(config.decode)
+
+
+def _check_training(config: ml_collections.ConfigDict) -> None:
+    """The loop's and the optimizer's numbers, and the metric the best checkpoint is chosen by."""
+    for key, low in AT_LEAST.items():
+        section, _, leaf = key.rpartition(".")
+        value = (config[section] if section else config)[leaf]
+        if value < low:
+            raise UserError(f"{key} must be at least {low}, not {value}.")
+    if not 0 <= config.label_smoothing < 1:
+        raise UserError(f"label_smoothing must be in [0, 1), not {config.label_smoothing}.")
+    if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):
+        raise UserError(f"learning_rate_scale must be a positive number, not {config.learning_rate_scale}.")
+    for key in ("adam_b1", "adam_b2"):
+        if not 0 <= config[key] < 1:
+            raise UserError(f"{key} must be in [0, 1), not {config[key]}.")
+    if not config.adam_eps > 0:
+        raise UserError(f"adam_eps must be positive, not {config.adam_eps}.")
+    if config.best_metric not in BEST_METRICS:
+        names = ", ".join(map(repr, BEST_METRICS))
+        raise UserError(f"best_metric must be one of {names}, not {config.best_metric!r}.")
+    if config.dev_bleu_every_steps < 0 or config.dev_bleu_sentences < 0:
+        raise UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
+    if config.best_metric == "dev_bleu" and not config.dev_bleu_every_steps:
+        raise UserError("best_metric=dev_bleu needs dev BLEU during training: set dev_bleu_every_steps, e.g. 5000.")
+
+
+def _check_data(config: ml_collections.ConfigDict, processes: int) -> None:
+    """The data section: lengths, languages, the embedded corpus's splits, the shards."""
+    data = config.data
+    if data.overlong not in ("drop", "truncate"):
+        raise UserError(f"data.overlong must be 'drop' or 'truncate', not {data.overlong!r}.")
+    if config.model.max_len < data.max_length:
+        raise UserError(f"model.max_len ({config.model.max_len}) must cover data.max_length ({data.max_length}).")
+    if data.source_lang == data.target_lang:
+        raise UserError(
+            f"data.source_lang and data.target_lang are both {data.source_lang!r}; "
+            "a translation needs two different languages."
+        )
+    if data.dataset in EMBEDDED_CORPORA:
+        for split in ("train", "validation", "test"):
+            if data[f"num_{split}"] < 1:
+                raise UserError(
+                    f"data.num_{split} must be at least 1 for the {data.dataset} corpus, not {data[f'num_{split}']}."
+                )
+        if (data.source_lang, data.target_lang) != ("en", "de"):
+            raise UserError(
+                f"The {data.dataset} corpus translates en -> de; set data.source_lang=en, data.target_lang=de."
+            )
+    if data.num_shards % processes:
+        raise UserError(f"data.num_shards={data.num_shards} must be a multiple of the {processes} processes.")
+
+
+def _check_model(model: ml_collections.ConfigDict, backend: str | None) -> None:
+    """The model section: what the Transformer can be built with (and run on `backend`)."""
+    d_k, d_v = head_widths(model)
+    sizes = {"num_layers": model.num_layers, "d_model": model.d_model, "d_ff": model.d_ff,
+             "num_heads": model.num_heads, "d_k": d_k, "d_v": d_v, "max_len": model.max_len}  # fmt: skip
+    rates = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
+    problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]
+    problems += [f"model.{f} must be in [0, 1), not {model[f]}" for f in rates if not 0 <= model[f] < 1]
+    if model.positional not in ("sinusoidal", "learned"):
+        problems.append(f"model.positional must be 'sinusoidal' or 'learned', not {model.positional!r}")
+    if model.norm not in ("post", "pre"):
+        problems.append(f"model.norm must be 'post' or 'pre', not {model.norm!r}")
+    if model.attention_impl not in ("xla", "cudnn", "auto"):
+        problems.append(f"model.attention_impl must be 'xla', 'cudnn' or 'auto', not {model.attention_impl!r}")
+    if model.d_model % 2:
+        problems.append(f"model.d_model must be even (sinusoids come in sin/cos pairs), not {model.d_model}")
+    if model.dtype not in ("float32", "bfloat16"):
+        problems.append(f"model.dtype must be 'float32' or 'bfloat16', not {model.dtype!r}")
+    if problems:
+        raise UserError(problems[0] + ".")
+    attention_impl(model, backend)
+
+
+def attention_impl(model: ml_collections.ConfigDict, backend: str | None) -> str:
+    """`model.attention_impl` resolved for `backend` (jax.default_backend()): "xla", the reference,
+    or "cudnn", the fused kernel (`fxformer.model.TransformerConfig`). "auto" takes cudnn where it
+    serves and xla elsewhere; "cudnn" where it cannot serve is refused in one sentence, never
+    silently changed. Decoding keeps xla whatever this says."""
+    wanted = model.attention_impl
+    if wanted == "xla":
+        return "xla"
+    d_k, d_v = head_widths(model)
+    reasons = [
+        (backend not in (None, "gpu"), f"a GPU (this is {backend})"),
+        (d_k != d_v, f"d_k == d_v (here {d_k} vs {d_v})"),
+        (model.attention_dropout_rate > 0, "attention_dropout_rate 0"),
+        (model.dtype != "bfloat16", "dtype bfloat16"),
+    ]
+    missing = [what for failed, what in reasons if failed]
+    if wanted == "auto":
+        return "xla" if missing else "cudnn"
+    if missing:
+        raise UserError(
+            f"model.attention_impl=cudnn needs {missing[0]}; use model.attention_impl=auto (cudnn where it "
+            "serves) or xla."
+        )
+    return wanted
 
 
 STRATEGIES = ("beam", "greedy", "sample")

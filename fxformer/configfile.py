@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from fxformer.config import resolve_derived
+from fxformer.config import check_decode, resolve_derived
 from fxformer.errors import UserError
 
 
@@ -128,3 +128,17 @@ def resolve(spec: str, pairs: Iterable[tuple[str, str]] = ()) -> ml_collections.
     for key, raw in pairs:
         apply_override(config, key, raw)
     return resolve_derived(config)
+
+
+def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
+    """`--config.decode.x=v` overrides onto the config of the run in `workdir`, and the decode checks;
+    any other key is fixed by the trained run."""
+    for key, raw in pairs:
+        if not key.startswith("decode."):
+            raise UserError(
+                f"--config.{key} cannot change at inference: it is fixed by the trained run ({workdir}/config.json); "
+                "only --config.decode.<field> overrides are taken here."
+            )
+        apply_override(config, key, raw)
+    check_decode(config.decode)
+    return config

@@ -21,7 +21,7 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
-from fxformer.config import check_decode, load_workdir_config
+from fxformer.config import load_workdir_config
 from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
@@ -48,19 +48,6 @@ class Restored:
     mesh: jax.sharding.Mesh
 
 
-def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
-    """`--config.decode.x=v` overrides onto a run's config; any other key is fixed by the trained run."""
-    for key, raw in pairs:
-        if not key.startswith("decode."):
-            raise UserError(
-                f"--config.{key} cannot change at inference: it is fixed by the trained run ({workdir}/config.json); "
-                "only --config.decode.<field> overrides are taken here."
-            )
-        configfile.apply_override(config, key, raw)
-    check_decode(config.decode)
-    return config
-
-
 def restore(
     workdir: paths.PathLike, step: int | Literal["latest", "best"] = "latest", average_last: int | None = None,
     overrides=(), log=print, keep_average: bool = True,
@@ -82,7 +69,7 @@ def restore(
     workdir = paths.Workdir(workdir)
     if step == "best" and (average_last or 1) > 1:
         raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
-    config = apply_decode_overrides(load_workdir_config(workdir), overrides, workdir)
+    config = configfile.apply_decode_overrides(load_workdir_config(workdir), overrides, workdir)
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
     if not workdir.tokenizer.exists():

@@ -9,6 +9,8 @@ session's corpus by the test.
 """
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +19,9 @@ import ml_collections
 import pytest
 from conftest import env_with_devices
 
-from configs import base
-from fxformer import config
+from configs import base, with_overrides
+from fxformer import config, configfile
+from fxformer.errors import UserError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LINES = "The dog sees the man.\nToday the woman buys a book.\n"
@@ -80,3 +83,67 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
 def test_a_config_written_before_this_change_upgrades_to_itself():
     written = fixture("config-issue21.json")
     assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == written
+
+
+REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
+    *(({key: low - 1}, {}, f"{key} must be at least {low}, not {low - 1}") for key, low in config.AT_LEAST.items()),
+    ({"label_smoothing": 1.0}, {}, "label_smoothing must be in [0, 1), not 1.0"),
+    ({"learning_rate_scale": -1.0}, {}, "learning_rate_scale must be a positive number"),
+    ({"learning_rate_scale": math.nan}, {}, "learning_rate_scale must be a positive number"),
+    ({"learning_rate_scale": math.inf}, {}, "learning_rate_scale must be a positive number"),
+    ({"adam_b1": -0.1}, {}, "adam_b1 must be in [0, 1)"),
+    ({"adam_b2": 1.0}, {}, "adam_b2 must be in [0, 1)"),
+    ({"adam_eps": 0.0}, {}, "adam_eps must be positive"),
+    ({"best_metric": "bleu"}, {}, "best_metric must be one of '', 'dev_ppl'"),
+    ({"dev_bleu_sentences": -1}, {}, "dev_bleu_every_steps and dev_bleu_sentences must be 0 or more."),
+    ({"best_metric": "dev_bleu"}, {}, "best_metric=dev_bleu needs dev BLEU during training"),
+    ({"data.overlong": "cut"}, {}, "data.overlong must be 'drop' or 'truncate', not 'cut'"),
+    ({"model.max_len": 32}, {}, "model.max_len (32) must cover data.max_length (64)"),
+    ({"data.source_lang": "de"}, {}, "two different languages"),
+    ({"data.num_train": 0}, {}, "data.num_train must be at least 1 for the embedded corpus, not 0"),
+    ({"data.num_test": 0}, {}, "data.num_test must be at least 1 for the embedded corpus, not 0"),
+    ({"data.source_lang": "fr"}, {}, "The embedded corpus translates en -> de"),
+    ({"data.num_shards": 3}, {"processes": 2}, "data.num_shards=3 must be a multiple of the 2 processes"),
+    ({"model.d_model": 33, "model.d_k": 8, "model.d_v": 8}, {}, "model.d_model must be even"),
+    ({"model.d_model": 33}, {}, "model.d_model (33) is not divisible by model.num_heads (4)"),
+    ({"model.num_layers": 0}, {}, "model.num_layers must be positive, not 0"),
+    ({"model.d_v": -8}, {}, "model.d_v must be positive, not -8"),
+    ({"model.dropout_rate": 1.0}, {}, "model.dropout_rate must be in [0, 1), not 1.0"),
+    ({"model.positional": "rotary"}, {}, "model.positional must be 'sinusoidal' or 'learned'"),
+    ({"model.norm": "mid"}, {}, "model.norm must be 'post' or 'pre'"),
+    ({"model.attention_impl": "flash"}, {}, "model.attention_impl must be 'xla', 'cudnn' or 'auto'"),
+    ({"model.dtype": "float16"}, {}, "model.dtype must be 'float32' or 'bfloat16', not 'float16'"),
+    ({"model.attention_impl": "cudnn"}, {"backend": "cpu"}, "model.attention_impl=cudnn needs a GPU (this is cpu)"),
+    ({"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "model.d_k": 16, "model.d_v": 32},
+     {"backend": "gpu"}, "model.attention_impl=cudnn needs d_k == d_v (here 16 vs 32)"),
+    ({"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "model.attention_dropout_rate": 0.1},
+     {"backend": "gpu"}, "needs attention_dropout_rate 0"),
+    ({"model.attention_impl": "cudnn"}, {"backend": "gpu"}, "model.attention_impl=cudnn needs dtype bfloat16"),
+    ({"decode.strategy": "nucleus"}, {}, "decode.strategy must be one of beam, greedy, sample, not 'nucleus'"),
+    ({"decode.beam_variant": "wide"}, {}, "decode.beam_variant must be live or t2t, not 'wide'"),
+    *(({f"decode.{key}": low - 1}, {}, f"decode.{key} must be at least {low}")
+      for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0))),
+    ({"decode.temperature": -1.0}, {}, "decode.temperature must be 0 or more, not -1.0"),
+    ({"decode.nbest": 5}, {}, "decode.nbest (5) cannot exceed decode.beam_size (4)"),
+    ({"decode.strategy": "greedy", "decode.nbest": 2}, {}, "decode.nbest > 1 needs decode.strategy=beam or sample"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, machine, message", REFUSALS)
+def test_validate_refuses_each_mistake_in_one_sentence(overrides, machine, message):
+    wrong = with_overrides(configfile.load_config("configs/default.py"), overrides)
+    with pytest.raises(UserError, match=re.escape(message)):
+        config.validate(wrong, **machine)
+
+
+def test_validate_accepts_every_shipped_config():
+    for spec in ("configs/default.py", "configs/base.py", "configs/big.py", "configs/table3.py:C4,mini"):
+        config.validate(configfile.resolve(spec), backend="cpu")
+    config.validate(configfile.resolve("configs/base.py", [("data.num_shards", "4")]), processes=2)
+
+
+def test_attention_impl_auto_takes_cudnn_only_where_it_serves():
+    fused = with_overrides(base.get_config(), {"model.attention_impl": "auto", "model.dtype": "bfloat16"}).model
+    assert config.attention_impl(fused, "gpu") == "cudnn"
+    assert config.attention_impl(fused, "cpu") == "xla"  # no GPU: the reference path, identical results
+    assert config.attention_impl(with_overrides(fused, {"dtype": "float32"}), "gpu") == "xla"
