@@ -5,15 +5,64 @@ compared on resume). Imports no JAX (the launcher and the sweeps use it).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import time
+from typing import Any
 
 import ml_collections
 
 from configs import base
 from fxformer import paths
 from fxformer.errors import UserError
+
+# ---------------------------------------------------------------------------------------------
+# Dotted keys: `model.d_model` names config["model"]["d_model"] (a ConfigDict or its dict)
+
+
+def _is_section(node) -> bool:
+    return isinstance(node, (dict, ml_collections.ConfigDict))
+
+
+def walk(config, key: str) -> tuple[Any, str]:
+    """(the section that holds the dotted `key`, the key's last name); an unknown key is refused
+    in one sentence that names the closest known one."""
+    *sections, leaf = key.split(".")
+    node = config
+    for name in sections:
+        node = node[name] if _is_section(node) and name in node else None
+    if not _is_section(node) or leaf not in node:
+        close = difflib.get_close_matches(key, dotted_keys(config, sections=True), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"Unknown config key '{key}'{hint}.")
+    return node, leaf
+
+
+def lookup(config, key: str) -> Any:
+    """The value of the dotted `key` of `config`."""
+    node, leaf = walk(config, key)
+    return node[leaf]
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+    """Set dotted keys (`"model.d_model": 1024`) of `config`; every key must already exist."""
+    for key, value in overrides.items():
+        node, leaf = walk(config, key)
+        node[leaf] = value
+    return config
+
+
+def dotted_keys(config, prefix: str = "", sections: bool = False) -> list[str]:
+    """Every field's dotted key (with `sections`, each section's key before its fields')."""
+    keys = []
+    for name, value in config.items():
+        if _is_section(value):
+            keys += ([prefix + name] if sections else []) + dotted_keys(value, f"{prefix}{name}.", sections)
+        else:
+            keys.append(prefix + name)
+    return keys
+
 
 # ---------------------------------------------------------------------------------------------
 # Derived fields
@@ -57,12 +106,13 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     it names otherwise (`RENAMED`) moved to today's names, and every field it lacks filled with
     configs/base.py's default; the fields it has keep their values."""
     old = config.to_dict()
-    for before, now in RENAMED.items():
-        if before in old:
-            value = old.pop(before)
-            section, _, leaf = now.rpartition(".")
-            old.setdefault(section, {}).setdefault(leaf, value)
-    return ml_collections.ConfigDict(_filled(old, base.get_config().to_dict()))
+    renamed = {now: old.pop(before) for before, now in RENAMED.items() if before in old}
+    upgraded = _filled(old, base.get_config().to_dict())
+    for key, value in renamed.items():
+        if key not in dotted_keys(old):  # not written under today's name too
+            node, leaf = walk(upgraded, key)
+            node[leaf] = value
+    return ml_collections.ConfigDict(upgraded)
 
 
 def _filled(config: dict, defaults: dict) -> dict:
@@ -106,8 +156,7 @@ def validate(config: ml_collections.ConfigDict, backend: str | None = None, proc
 def _check_training(config: ml_collections.ConfigDict) -> None:
     """The loop's and the optimizer's numbers, and the metric the best checkpoint is chosen by."""
     for key, low in AT_LEAST.items():
-        section, _, leaf = key.rpartition(".")
-        value = (config[section] if section else config)[leaf]
+        value = lookup(config, key)
         if value < low:
             raise UserError(f"{key} must be at least {low}, not {value}.")
     if not 0 <= config.label_smoothing < 1:

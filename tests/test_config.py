@@ -19,7 +19,7 @@ import ml_collections
 import pytest
 from conftest import env_with_devices
 
-from configs import base, with_overrides
+from configs import base
 from fxformer import config, configfile
 from fxformer.errors import UserError
 
@@ -131,7 +131,7 @@ REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's wor
 
 @pytest.mark.parametrize("overrides, machine, message", REFUSALS)
 def test_validate_refuses_each_mistake_in_one_sentence(overrides, machine, message):
-    wrong = with_overrides(configfile.load_config("configs/default.py"), overrides)
+    wrong = config.with_overrides(configfile.load_config("configs/default.py"), overrides)
     with pytest.raises(UserError, match=re.escape(message)):
         config.validate(wrong, **machine)
 
@@ -143,7 +143,41 @@ def test_validate_accepts_every_shipped_config():
 
 
 def test_attention_impl_auto_takes_cudnn_only_where_it_serves():
-    fused = with_overrides(base.get_config(), {"model.attention_impl": "auto", "model.dtype": "bfloat16"}).model
+    fused = config.with_overrides(base.get_config(), {"model.attention_impl": "auto", "model.dtype": "bfloat16"}).model
     assert config.attention_impl(fused, "gpu") == "cudnn"
     assert config.attention_impl(fused, "cpu") == "xla"  # no GPU: the reference path, identical results
-    assert config.attention_impl(with_overrides(fused, {"dtype": "float32"}), "gpu") == "xla"
+    assert config.attention_impl(config.with_overrides(fused, {"dtype": "float32"}), "gpu") == "xla"
+
+
+def test_one_walker_reads_and_sets_nested_keys_of_configs_and_their_dicts():
+    cfg = base.get_config()
+    assert config.lookup(cfg, "model.d_model") == config.lookup(cfg.to_dict(), "model.d_model") == 512
+    assert config.lookup(cfg, "seed") == 0 and config.lookup(cfg, "decode").beam_size == 4
+    node, leaf = config.walk(cfg, "decode.beam_size")
+    assert node is cfg.decode and leaf == "beam_size"
+    config.with_overrides(cfg, {"model.d_model": 1024, "decode.alpha": 1.0, "seed": 3})
+    assert (cfg.model.d_model, cfg.decode.alpha, cfg.seed) == (1024, 1.0, 3)
+    configfile.apply_override(cfg, "data.max_length", "128")
+    assert cfg.data.max_length == 128
+    keys = config.dotted_keys(cfg)
+    assert "model.num_layers" in keys and "decode.seed" in keys and "model" not in keys
+    assert "model" in config.dotted_keys(cfg, sections=True)
+
+
+@pytest.mark.parametrize(
+    "key, words",
+    [
+        ("model.num_head", "Unknown config key 'model.num_head' (did you mean 'model.num_heads'?)."),
+        ("modle.d_model", "Unknown config key 'modle.d_model' (did you mean 'model.d_model'?)."),
+        ("model.d_model.x", "Unknown config key 'model.d_model.x'"),  # through a field
+        ("nothing_like_it", "Unknown config key 'nothing_like_it'."),
+    ],
+)
+def test_the_walker_refuses_an_unknown_key_naming_the_closest(key, words):
+    for cfg in (base.get_config(), base.get_config().to_dict()):
+        with pytest.raises(UserError, match=re.escape(words)):
+            config.lookup(cfg, key)
+    with pytest.raises(UserError, match=re.escape(words)):
+        config.with_overrides(base.get_config(), {key: 1})
+    with pytest.raises(UserError, match=re.escape(words)):
+        configfile.apply_override(base.get_config(), key, "1")

@@ -278,8 +278,8 @@ def test_the_models_fused_route_equals_the_reference_on_real_targets(packed, mon
 
 
 def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sentence():
-    from configs import with_overrides
     from fxformer import configfile
+    from fxformer.config import with_overrides
 
     config = configfile.load_config("configs/default.py")
     auto = TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "auto"}).model, 50)

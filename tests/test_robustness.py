@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import left_as_is, logged, snapshot, train_command
 
-from configs import with_overrides
 from fxformer import cli, configfile, exitcodes, train
+from fxformer.config import with_overrides
 from fxformer.errors import UserError
 
 
