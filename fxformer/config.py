@@ -5,11 +5,12 @@ compared on resume). Imports no JAX (the launcher and the sweeps use it).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import ml_collections
 
@@ -150,7 +151,7 @@ def validate(config: ml_collections.ConfigDict, backend: str | None = None, proc
     _check_training(config)
     _check_data(config, processes)
     _check_model(config.model, backend)
-    check_decode(config.decode)
+    DecodeOptions.of(config.decode)
 
 
 def _check_training(config: ml_collections.ConfigDict) -> None:
@@ -252,24 +253,58 @@ def attention_impl(model: ml_collections.ConfigDict, backend: str | None) -> str
     return wanted
 
 
-STRATEGIES = ("beam", "greedy", "sample")
+# ---------------------------------------------------------------------------------------------
+# The decode section, as the searches take it
 
 
-def check_decode(decode: ml_collections.ConfigDict) -> None:
-    """Refuse, in one sentence, a decode section the searches cannot run."""
-    if decode.strategy not in STRATEGIES:
-        raise UserError(f"decode.strategy must be one of {', '.join(STRATEGIES)}, not {decode.strategy!r}.")
-    if decode.beam_variant not in ("live", "t2t"):
-        raise UserError(f"decode.beam_variant must be live or t2t, not {decode.beam_variant!r}.")
-    for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0)):
-        if decode[key] < low:
-            raise UserError(f"decode.{key} must be at least {low}, not {decode[key]}.")
-    if not decode.temperature >= 0:
-        raise UserError(f"decode.temperature must be 0 or more, not {decode.temperature}.")
-    if decode.strategy == "beam" and decode.nbest > decode.beam_size:
-        raise UserError(f"decode.nbest ({decode.nbest}) cannot exceed decode.beam_size ({decode.beam_size}).")
-    if decode.strategy == "greedy" and decode.nbest > 1:
-        raise UserError("decode.nbest > 1 needs decode.strategy=beam or sample; greedy search finds one.")
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """The `decode` section (configs/base.py says what each field means) as the searches
+    (`fxformer.inference.search`) take it: frozen and hashable, so static under jit. One the
+    searches cannot run is refused in one sentence when it is made (`of` a section)."""
+
+    STRATEGIES: ClassVar[tuple[str, ...]] = ("beam", "greedy", "sample")
+    BEAM_VARIANTS: ClassVar[tuple[str, ...]] = ("live", "t2t")  # fxformer's (the paper's), tensor2tensor's
+
+    strategy: str
+    beam_size: int
+    alpha: float
+    beam_variant: str
+    max_extra: int
+    nbest: int
+    temperature: float
+    top_k: int
+    seed: int
+
+    @classmethod
+    def of(cls, section: ml_collections.ConfigDict) -> DecodeOptions:
+        """The options a config's `decode` section gives."""
+        return cls(**{field.name: section[field.name] for field in dataclasses.fields(cls)})
+
+    def to_dict(self) -> dict:
+        """The options as the `decode` section's fields."""
+        return dataclasses.asdict(self)
+
+    def __post_init__(self):
+        """Refuse, in one sentence, options the searches cannot run."""
+        if self.strategy not in self.STRATEGIES:
+            raise UserError(f"decode.strategy must be one of {', '.join(self.STRATEGIES)}, not {self.strategy!r}.")
+        if self.beam_variant not in self.BEAM_VARIANTS:
+            variants = " or ".join(self.BEAM_VARIANTS)
+            raise UserError(f"decode.beam_variant must be {variants}, not {self.beam_variant!r}.")
+        for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0)):
+            if getattr(self, key) < low:
+                raise UserError(f"decode.{key} must be at least {low}, not {getattr(self, key)}.")
+        if not self.temperature >= 0:
+            raise UserError(f"decode.temperature must be 0 or more, not {self.temperature}.")
+        if self.strategy == "beam" and self.nbest > self.beam_size:
+            raise UserError(f"decode.nbest ({self.nbest}) cannot exceed decode.beam_size ({self.beam_size}).")
+        if self.strategy == "greedy" and self.nbest > 1:
+            raise UserError("decode.nbest > 1 needs decode.strategy=beam or sample; greedy search finds one.")
+
+
+# ---------------------------------------------------------------------------------------------
+# W/config.json: the resolved config a run trains with
 
 
 RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume

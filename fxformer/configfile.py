@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from fxformer.config import check_decode, resolve_derived, walk
+from fxformer.config import DecodeOptions, resolve_derived, walk
 from fxformer.errors import UserError
 
 
@@ -122,5 +122,5 @@ def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) ->
                 "only --config.decode.<field> overrides are taken here."
             )
         apply_override(config, key, raw)
-    check_decode(config.decode)
+    DecodeOptions.of(config.decode)
     return config

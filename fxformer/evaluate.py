@@ -60,10 +60,10 @@ def evaluate(
     loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
     losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
     best = inference.BestTranslations(
-        run.model, run.mesh, run.config.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
+        run.model, run.mesh, run.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
     )
-    section = best.section
-    hypotheses = best(run.params, f"{section.strategy} search ({split})")
+    options = best.options
+    hypotheses = best(run.params, f"{options.strategy} search ({split})")
 
     steps = run.steps
     result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0)
@@ -73,9 +73,9 @@ def evaluate(
         "num_sentences": n,
         "split": split,
         "checkpoint_steps": steps,
-        "beam_size": section.beam_size,
-        "alpha": section.alpha,
-        "decode": section.to_dict(),
+        "beam_size": options.beam_size,
+        "alpha": options.alpha,
+        "decode": options.to_dict(),
         "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
     }

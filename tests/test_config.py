@@ -8,6 +8,7 @@ dataset's separate files, model.attention_impl). Their `data.tfds_data_dir` is s
 session's corpus by the test.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import ml_collections
 import pytest
 from conftest import env_with_devices
@@ -181,3 +183,18 @@ def test_the_walker_refuses_an_unknown_key_naming_the_closest(key, words):
         config.with_overrides(base.get_config(), {key: 1})
     with pytest.raises(UserError, match=re.escape(words)):
         configfile.apply_override(base.get_config(), key, "1")
+
+
+def test_decode_options_are_frozen_hashable_and_round_trip_the_section():
+    section = base.get_config().decode
+    options = config.DecodeOptions.of(section)
+    assert options.to_dict() == section.to_dict()
+    assert config.DecodeOptions.of(ml_collections.ConfigDict(options.to_dict())) == options
+    assert hash(options) == hash(config.DecodeOptions.of(section)) and len({options, dataclasses.replace(options)}) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beam_size = 8
+    assert dataclasses.replace(options, nbest=1) != dataclasses.replace(options, nbest=2)
+    with pytest.raises(UserError, match="decode.nbest \\(5\\) cannot exceed decode.beam_size \\(4\\)"):
+        dataclasses.replace(options, nbest=5)
+    jitted = jax.jit(lambda x, o: x * o.beam_size, static_argnums=1)  # static under jit
+    assert int(jitted(2, options)) == 8
