@@ -1,6 +1,12 @@
-"""A run's config in one place: the fields derived from others, the `decode` section and its
-checks, and the resolved config a run records in its workdir (`W/config.json`: read, written,
-compared on resume). Imports no JAX (the launcher and the sweeps use it).
+"""A run's config in one place (its fields and their defaults are configs/base.py's): dotted keys,
+the fields derived from others, `upgrade` (a config.json written by older code, as today's code
+reads it), `validate` (every check of a config, each refusal one sentence), `DecodeOptions` (the
+`decode` section as the searches take it), and the resolved config a run records in its workdir
+(`W/config.json`: read, written, compared on resume). Imports no JAX (the launcher and the
+sweeps use it).
+
+A new field is one line in configs/base.py, plus, if some of its values cannot run, one check
+in `validate`.
 """
 
 from __future__ import annotations
@@ -358,9 +364,10 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
 
 def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike, step: int = 0) -> None:
     """Record the resolved config the run trains with, once training really goes on from `step`
-    (train's process 0 calls it when a new run starts, and for a resume at its first save). Fields a resume
-    changed (`num_train_steps`, the schedule, intervals, ...) are appended to `W/config-history.jsonl`
-    with the step from which they hold, so no value is overwritten silently."""
+    (train's process 0 calls it when a new run starts, and for a resume at its first save).
+    Fields a resume changed (`num_train_steps`, the schedule, intervals, ...) are appended to
+    `W/config-history.jsonl` with the step from which they hold, so no value is overwritten
+    silently."""
     run = paths.Workdir(workdir)
     new = json.loads(config.to_json())
     if run.config.exists():
