@@ -3,11 +3,12 @@
     python -m fxformer.train --config=configs/base.py --workdir=runs/base
 
 Needs WMT14 prepared with TFDS first (README, "WMT 2014"). Table 3 rows start from here.
+
+Every config field is defined here, with its default: the other configs override some, and a
+workdir's config.json written before a field existed gets it from here (`fxformer.config.upgrade`).
 """
 
 import ml_collections
-
-from fxformer.resolve import decode_defaults
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -86,6 +87,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
     config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
 
-    config.decode = decode_defaults()  # beam 4, alpha 0.6, output length up to input + 50 (section 6.1)
+    config.decode = ml_collections.ConfigDict()  # how evaluate, translate and dev BLEU search (section 6.1)
+    config.decode.strategy = "beam"  # beam, greedy or sample
+    config.decode.beam_size = 4
+    config.decode.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha
+    config.decode.beam_variant = "live"  # live (fxformer's, the paper's) or t2t (2k candidates, k kept live)
+    config.decode.max_extra = 50  # maximum output length = input length + 50
+    config.decode.nbest = 1  # translations per input (beam: at most beam_size; sample: samples per input)
+    config.decode.temperature = 1.0  # sampling: softmax(log p / temperature)
+    config.decode.top_k = 0  # sampling: only the k most probable tokens (0 = all)
+    config.decode.seed = 0  # sampling: the same seed gives the same samples
     config.average_last = 5  # checkpoints averaged for the final evaluation
     return config

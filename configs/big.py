@@ -5,7 +5,8 @@ python -m fxformer.train --config=configs/big.py --workdir=runs/big
 
 import ml_collections
 
-from configs import base, with_overrides
+from configs import base
+from fxformer.config import with_overrides
 
 # The big model differs from base in these fields only (Table 3, last row).
 OVERRIDES = {

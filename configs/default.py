@@ -8,7 +8,8 @@ minutes and is what the README's main job runs.
 
 import ml_collections
 
-from configs import base, with_overrides
+from configs import base
+from fxformer.config import with_overrides
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -24,8 +24,8 @@ import math
 
 import ml_collections
 
-from configs import base, big, with_overrides
-from fxformer.resolve import resolve_derived
+from configs import base, big
+from fxformer.config import resolve_derived, with_overrides
 
 ROWS = {
     "base": {},

@@ -24,13 +24,8 @@ import time
 from experiments import stats
 from experiments.context import Context
 from fxformer import exitcodes, paths
-
-
-def lookup(config: dict, key: str):
-    """config["a"]["b"] for the dotted key "a.b"."""
-    for part in key.split("."):
-        config = config[part]
-    return config
+from fxformer.config import dotted_keys, lookup
+from fxformer.errors import UserError
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -146,23 +141,16 @@ def direction(rec: dict, metric: str, base_paper: float | None, sweep) -> str:
 
 def changes(sweep, config: dict, base: dict) -> str:
     """The table's fields whose value differs from the baseline's: 'd_k=4, d_v=4'."""
-    keys = sweep.columns or {k: k for k in flat(config)}
+    keys = sweep.columns or {k: k for k in dotted_keys(config)}
     out = []
     for label, key in keys.items():
         try:
             value, base_value = lookup(config, key), lookup(base, key)
-        except KeyError:
+        except UserError:  # a field one of them lacks
             continue
         if value != base_value:
             out.append(f"{label}={value}")
     return ", ".join(out)
-
-
-def flat(config: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k, v in config.items():
-        keys += flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
-    return keys
 
 
 def split_name(sweep) -> str:

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer import cli, inference, inferflags, paths, trainstate
+from fxformer import cli, inference, inferflags, paths
+from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 
@@ -112,12 +113,12 @@ def attention_weights(config: TransformerConfig, params, inputs, targets) -> dic
 def translation(run: inference.Restored, source: str, log=print) -> str:
     """The best translation of `source`, found as `fxformer.translate` finds it: the run's decode
     section, checkpoint(s), batch size and padded length."""
-    section = run.config.decode
+    options = run.decode
     examples = [{"inputs": run.tokenizer.encode(source), "targets": run.tokenizer.encode("")}]
-    length = inference.source_length(examples, run.model, section.max_extra, log)
+    length = inference.source_length(examples, run.model, options.max_extra, log)
     found = inference.translate_examples(
-        inference.translator(run.model, run.mesh, section), run.params, examples, run.tokenizer,
-        run.config.data.eval_batch_size, length, run.mesh, None, section.seed,
+        inference.translator(run.model, run.mesh, options), run.params, examples, run.tokenizer,
+        run.config.data.eval_batch_size, length, run.mesh, None, options.seed,
     )  # fmt: skip
     return found[0][0][0]
 
@@ -148,7 +149,7 @@ def weights(run: inference.Restored, source: str, target: str | None = None, log
     source_ids = tokenizer.encode(source)
     translated = target is None
     if translated:  # as translate does, but refused rather than cut: the figures show the whole sentence
-        extra = run.config.decode.max_extra
+        extra = run.decode.max_extra
         why = f"model.max_len {c.max_len} less decode.max_extra {extra} for its translation"
         check_length("source", len(source_ids), c.max_len - extra, why)
         target = translation(run, source, log)
@@ -347,7 +348,7 @@ def main() -> None:
     args = inferflags.parse(p)
     log = cli.log_to_stderr
 
-    config = trainstate.load_workdir_config(args.workdir)  # layers and heads checked before any restore
+    config = load_workdir_config(args.workdir)  # layers and heads checked before any restore
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = max(1, num_layers - 1) if args.layer is None else args.layer
     if not 1 <= layer <= num_layers:

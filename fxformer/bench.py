@@ -14,6 +14,7 @@ none on a CPU), peak memory, and decoding sentences/s and output tokens/s.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import statistics
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
+from fxformer.config import DecodeOptions, validate
 from fxformer.data import pipeline
 from fxformer.errors import UserError
 from fxformer.model import TransformerConfig
@@ -139,15 +141,14 @@ def bench_decode(config, model_config: TransformerConfig, batch_size: int, sourc
     model, _, _ = trainstate.build(config, model_config.vocab_size, mesh)
     params = jax.jit(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)))()
     params = params["params"]
-    section = config.decode.copy_and_resolve_references()
-    section.nbest = 1
-    translate = inference.translator(model, mesh, section)
+    options = dataclasses.replace(DecodeOptions.of(config.decode), nbest=1)
+    translate = inference.translator(model, mesh, options)
     rng = np.random.default_rng(1)
     sources = rng.integers(4, model_config.vocab_size, size=(batch_size, source_len)).astype(np.int32)
     sources[:, -1] = EOS_ID
     inputs = parallel.global_batch(mesh, {"inputs": sources})["inputs"]
     key = jax.random.key(0)
-    progress(f"compiling {section.strategy} search (beam {section.beam_size}) for {batch_size} x {source_len}")
+    progress(f"compiling {options.strategy} search (beam {options.beam_size}) for {batch_size} x {source_len}")
     start = time.perf_counter()
     compiled = translate.lower(params, inputs, key).compile()
     compile_s = time.perf_counter() - start
@@ -165,7 +166,7 @@ def bench_decode(config, model_config: TransformerConfig, batch_size: int, sourc
         "decode_compile_s": compile_s,
         "decode_batch": batch_size,
         "decode_source_len": source_len,
-        "decode_beam_size": section.beam_size,
+        "decode_beam_size": options.beam_size,
         "decode_sentences_per_s": batch_size / seconds,
         "decode_tokens_per_s": produced / seconds,
     }
@@ -232,7 +233,7 @@ def main() -> None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/base.py.")
     if args.steps < 1 or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
         raise UserError("--steps, --decode_repeats must be at least 1, --decode_batch 0 or more, --decode_len 2+.")
-    train.check_config(config)
+    validate(config, jax.default_backend(), jax.process_count())
     results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats)
     print(table(results))
     if args.json:

@@ -6,7 +6,6 @@ parsed as the type of its current value. Imports no JAX (the launcher and sweeps
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import sys
 from collections.abc import Iterable
@@ -15,8 +14,8 @@ from typing import Any
 
 import ml_collections
 
+from fxformer.config import DecodeOptions, resolve_derived, walk
 from fxformer.errors import UserError
-from fxformer.resolve import resolve_derived
 
 
 def make_importable(file: Path) -> None:
@@ -58,15 +57,6 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     return config
 
 
-def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-    keys = []
-    for name, value in config.items():
-        keys.append(prefix + name)
-        if isinstance(value, ml_collections.ConfigDict):
-            keys += _all_keys(value, f"{prefix}{name}.")
-    return keys
-
-
 def _parse_value(key: str, raw: str, current: Any) -> Any:
     """Parse `raw` as the type of the field's current value."""
     kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
@@ -94,15 +84,7 @@ def _parse_value(key: str, raw: str, current: Any) -> Any:
 
 def apply_override(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
     """Set the dotted `key` of `config` from the command-line string `raw`, checking key and type."""
-    *parents, leaf = key.split(".")
-    node = config
-    for i, name in enumerate(parents + [leaf]):
-        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-            close = difflib.get_close_matches(key, _all_keys(config), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"Unknown config key '{key}'{hint}.")
-        if i < len(parents):
-            node = node[name]
+    node, leaf = walk(config, key)
     if isinstance(node[leaf], ml_collections.ConfigDict):
         raise UserError(f"Config key '{key}' is a section; set one of its fields instead.")
     with node.unlocked():
@@ -128,3 +110,17 @@ def resolve(spec: str, pairs: Iterable[tuple[str, str]] = ()) -> ml_collections.
     for key, raw in pairs:
         apply_override(config, key, raw)
     return resolve_derived(config)
+
+
+def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
+    """`--config.decode.x=v` overrides onto the config of the run in `workdir`, and the decode checks;
+    any other key is fixed by the trained run."""
+    for key, raw in pairs:
+        if not key.startswith("decode."):
+            raise UserError(
+                f"--config.{key} cannot change at inference: it is fixed by the trained run ({workdir}/config.json); "
+                "only --config.decode.<field> overrides are taken here."
+            )
+        apply_override(config, key, raw)
+    DecodeOptions.of(config.decode)
+    return config

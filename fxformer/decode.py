@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fxformer.config import DecodeOptions
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
 StepFn = Callable[[Array, Any], tuple[Array, Any]]
 GrowFn = Callable[[Any, int], Any]  # (cache, length) -> the cache with room for `length` positions
-VARIANTS = ("live", "t2t")
 FIRST_CACHE_LENGTH = 16
 
 
@@ -179,8 +179,8 @@ def beam_search(
     `early_stop=False` runs to the maximum length instead (same result, for checking); `grow`:
     see `run_loop`.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"beam variant must be one of {VARIANTS}, not {variant!r}")
+    if variant not in DecodeOptions.BEAM_VARIANTS:
+        raise ValueError(f"beam variant must be one of {DecodeOptions.BEAM_VARIANTS}, not {variant!r}")
     b, k = limit.shape[0], beam_size
     width = 2 * k if variant == "t2t" else k  # candidates taken per step
 

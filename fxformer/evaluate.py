@@ -21,7 +21,8 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, inference, inferflags, paths, trainstate
+from fxformer import cli, inference, inferflags, paths
+from fxformer.config import load_workdir_config
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
 
@@ -59,10 +60,10 @@ def evaluate(
     loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
     losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
     best = inference.BestTranslations(
-        run.model, run.mesh, run.config.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
+        run.model, run.mesh, run.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
     )
-    section = best.section
-    hypotheses = best(run.params, f"{section.strategy} search ({split})")
+    options = best.options
+    hypotheses = best(run.params, f"{options.strategy} search ({split})")
 
     steps = run.steps
     result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0)
@@ -72,9 +73,9 @@ def evaluate(
         "num_sentences": n,
         "split": split,
         "checkpoint_steps": steps,
-        "beam_size": section.beam_size,
-        "alpha": section.alpha,
-        "decode": section.to_dict(),
+        "beam_size": options.beam_size,
+        "alpha": options.alpha,
+        "decode": options.to_dict(),
         "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
     }
@@ -91,7 +92,7 @@ def evaluate(
 
 def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
     """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
-    config = trainstate.load_workdir_config(workdir)
+    config = load_workdir_config(workdir)
     try:
         data = paths.as_path(hypotheses_file).read_bytes()
     except OSError as e:

@@ -21,12 +21,12 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
+from fxformer.config import DecodeOptions, load_workdir_config
 from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import per_token
 from fxformer.model import Transformer, TransformerConfig, grow_cache
-from fxformer.resolve import check_decode
 from fxformer.timefmt import duration
 from fxformer.tokens import BOS_ID, PAD_ID
 
@@ -47,18 +47,10 @@ class Restored:
     steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
     mesh: jax.sharding.Mesh
 
-
-def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
-    """`--config.decode.x=v` overrides onto a run's config; any other key is fixed by the trained run."""
-    for key, raw in pairs:
-        if not key.startswith("decode."):
-            raise UserError(
-                f"--config.{key} cannot change at inference: it is fixed by the trained run ({workdir}/config.json); "
-                "only --config.decode.<field> overrides are taken here."
-            )
-        configfile.apply_override(config, key, raw)
-    check_decode(config.decode)
-    return config
+    @property
+    def decode(self) -> DecodeOptions:
+        """The config's decode section, with any overrides, as the searches take it."""
+        return DecodeOptions.of(self.config.decode)
 
 
 def restore(
@@ -82,7 +74,7 @@ def restore(
     workdir = paths.Workdir(workdir)
     if step == "best" and (average_last or 1) > 1:
         raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
-    config = apply_decode_overrides(trainstate.load_workdir_config(workdir), overrides, workdir)
+    config = configfile.apply_decode_overrides(load_workdir_config(workdir), overrides, workdir)
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
     if not workdir.tokenizer.exists():
@@ -247,40 +239,32 @@ def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int
     return Decoding(step, cache, segmentation.sum(-1) + max_extra, max_len, grow_cache)
 
 
-def search(config: TransformerConfig, params, inputs: Array, options: dict, rng: Array | None = None):
-    """The decode section's search on `inputs` [batch, l]: (outputs [batch, n, max_len], scores
+def search(config: TransformerConfig, params, inputs: Array, options: DecodeOptions, rng: Array | None = None):
+    """The search `options` describe on `inputs` [batch, l]: (outputs [batch, n, max_len], scores
     [batch, n]), best first, n = `nbest`. Scores: beam, log p / lp(|Y|); greedy and sample, log p."""
     o = options
-    if o["strategy"] == "beam":
-        d = start_decoding(config, params, inputs, o["beam_size"], o["max_extra"])
+    if o.strategy == "beam":
+        d = start_decoding(config, params, inputs, o.beam_size, o.max_extra)
         outputs, scores = decode.beam_search(
-            d.step, d.cache, d.limit, d.max_len, o["beam_size"], o["alpha"], o["beam_variant"], grow=d.grow
+            d.step, d.cache, d.limit, d.max_len, o.beam_size, o.alpha, o.beam_variant, grow=d.grow
         )
-        return outputs[:, : o["nbest"]], scores[:, : o["nbest"]]
-    n = o["nbest"] if o["strategy"] == "sample" else 1
-    d = start_decoding(config, params, inputs, n, o["max_extra"])
+        return outputs[:, : o.nbest], scores[:, : o.nbest]
+    n = o.nbest if o.strategy == "sample" else 1
+    d = start_decoding(config, params, inputs, n, o.max_extra)
     limit = jnp.repeat(d.limit, n)
-    if o["strategy"] == "greedy":
+    if o.strategy == "greedy":
         outputs, logp = decode.greedy_search(d.step, d.cache, limit, d.max_len, d.grow)
     else:
-        outputs, logp = decode.sample_search(
-            d.step, d.cache, limit, d.max_len, rng, o["temperature"], o["top_k"], d.grow
-        )
+        outputs, logp = decode.sample_search(d.step, d.cache, limit, d.max_len, rng, o.temperature, o.top_k, d.grow)
     outputs, logp = outputs.reshape(inputs.shape[0], n, -1), logp.reshape(inputs.shape[0], n)
     order = jnp.argsort(-logp, axis=1)
     return jnp.take_along_axis(outputs, order[:, :, None], axis=1), jnp.take_along_axis(logp, order, axis=1)
 
 
-def options_of(section: ml_collections.ConfigDict) -> dict:
-    """The decode section as plain Python values (static for jit)."""
-    return {k: section[k] for k in ("strategy", "beam_size", "alpha", "beam_variant", "max_extra", "nbest",
-                                    "temperature", "top_k")}  # fmt: skip
-
-
-def translator(model: Transformer, mesh, section: ml_collections.ConfigDict):
+def translator(model: Transformer, mesh, options: DecodeOptions):
     """A jitted (params, inputs [b, l], rng) -> (outputs [b, n, l + max_extra], scores [b, n]),
-    rows split over devices, searching as the decode `section` says."""
-    run = functools.partial(search, model.config, options=options_of(section))
+    rows split over devices, searching as `options` say."""
+    run = functools.partial(search, model.config, options=options)
     return jax.jit(
         lambda params, inputs, rng: run(params, inputs, rng=rng),
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh), parallel.replicated(mesh)),
@@ -344,20 +328,20 @@ def bleu(hypotheses: list[str], references: list[str]) -> tuple[sacrebleu.metric
 
 
 class BestTranslations:
-    """The best translation of each of `examples` under the decode `section`'s search (its
+    """The best translation of each of `examples` under the search `options` describe (their
     `nbest` set aside), compiled once for their padded length."""
 
-    def __init__(self, model, mesh, section, examples: list[dict], tokenizer: Tokenizer, batch_size: int, log=print):
-        self.section = section.copy_and_resolve_references()
-        self.section.nbest = 1
-        self.length = source_length(examples, model, self.section.max_extra, log)
-        self.translate = translator(model, mesh, self.section)
+    def __init__(self, model, mesh, options: DecodeOptions, examples: list[dict], tokenizer: Tokenizer,
+                 batch_size: int, log=print):  # fmt: skip
+        self.options = dataclasses.replace(options, nbest=1)
+        self.length = source_length(examples, model, self.options.max_extra, log)
+        self.translate = translator(model, mesh, self.options)
         self.examples, self.tokenizer, self.batch_size, self.mesh = examples, tokenizer, batch_size, mesh
 
     def __call__(self, params, what: str | None = None) -> list[str]:
         translated = translate_examples(
             self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, what,
-            self.section.seed,
+            self.options.seed,
         )  # fmt: skip
         return [nbest[0][0] for nbest in translated]
 
@@ -368,10 +352,11 @@ class DevBleu:
 
     def __init__(self, model, mesh, config, source, tokenizer: Tokenizer, log=print):
         data = config.data
-        n = min(config.get("dev_bleu_sentences", 0) or len(source), len(source))
+        n = min(config.dev_bleu_sentences or len(source), len(source))
         examples = pipeline.tokenize_split(source, tokenizer, data, n)
         self.references = pipeline.references(source, data, n)
-        self.best = BestTranslations(model, mesh, config.decode, examples, tokenizer, data.eval_batch_size, log)
+        options = DecodeOptions.of(config.decode)
+        self.best = BestTranslations(model, mesh, options, examples, tokenizer, data.eval_batch_size, log)
 
     def __call__(self, params) -> float:
         return bleu(self.best(params), self.references)[0].score

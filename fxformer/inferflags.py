@@ -5,18 +5,20 @@ attention): the workdir, which checkpoint(s), `--config.decode.*` overrides, the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from fxformer import cli, configfile, parallel
+from fxformer.config import DecodeOptions
 from fxformer.errors import UserError
 
 
 def parser(description: str, module: str) -> argparse.ArgumentParser:
     """An ArgumentParser for `python -m <module>` with the shared flags."""
     p = cli.parser(description, module, config=False)
-    p.epilog = (
-        "Change the search with --config.decode.<field>=<value>: strategy (beam, greedy, sample), beam_size, "
-        "alpha, beam_variant (live, t2t), max_extra, nbest, temperature, top_k, seed."
-    )
+    choices = {"strategy": DecodeOptions.STRATEGIES, "beam_variant": DecodeOptions.BEAM_VARIANTS}
+    fields = [f"{f.name} ({', '.join(choices[f.name])})" if f.name in choices else f.name
+              for f in dataclasses.fields(DecodeOptions)]  # fmt: skip
+    p.epilog = f"Change the search with --config.decode.<field>=<value>: {', '.join(fields)}."
     p.add_argument("--workdir", required=True, help="a training run directory")
     p.add_argument(
         "--step",

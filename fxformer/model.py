@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer.errors import UserError
-from fxformer.resolve import head_width
+from fxformer.config import attention_impl, head_widths
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -32,15 +31,17 @@ xavier_uniform = nn.initializers.xavier_uniform()  # every weight matrix (sectio
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Hyperparameters of one model; the names are the paper's symbols."""
+    """Hyperparameters of one model; the names are the paper's symbols. Built from a config's
+    `model` section by `from_config`, after `fxformer.config.validate` has refused what the model
+    cannot be built with; built directly, d_k and d_v must be given."""
 
     vocab_size: int
     num_layers: int = 6  # N
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8  # h
-    d_k: int = 0  # 0: d_model / h
-    d_v: int = 0  # 0: d_model / h
+    d_k: int = 0  # from_config: 0 means d_model / h
+    d_v: int = 0  # from_config: 0 means d_model / h
     dropout_rate: float = 0.1  # P_drop: sub-layer outputs, embeddings + positions
     attention_dropout_rate: float = 0.0  # departure: dropout on attention weights
     relu_dropout_rate: float = 0.0  # departure: dropout inside the feed-forward network
@@ -49,70 +50,33 @@ class TransformerConfig:
     norm: str = "post"  # "post": LayerNorm(x + Dropout(f(x))); "pre": x + Dropout(f(LayerNorm(x)))
     attention_bias: bool = False  # departure when True: biases on the Q, K, V and output projections
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
-    attention_impl: str = "xla"  # "xla" (the reference) or "cudnn" (fused); from_config resolves "auto"
+    # "xla": hand-written, the reference (every query-key product is computed, masked ones included);
+    # "cudnn": jax.nn.dot_product_attention's fused kernel, given what `fused_mask_arguments` gives it
+    # (is_causal in decoder self-attention, where jax documents that cuDNN skips the masked half; a
+    # dense segment mask, added to the logits, only for packed rows; key lengths for padded rows'
+    # other attention). Decoding keeps "xla". from_config resolves "auto" (fxformer.config.attention_impl).
+    attention_impl: str = "xla"
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
-        """Resolve d_k = d_v = 0 to d_model / h; refuse settings the model cannot be built with."""
-        for key in ("d_k", "d_v"):
-            if getattr(self, key) == 0 and self.num_heads > 0:
-                object.__setattr__(self, key, head_width(self.d_model, self.num_heads, key))
-        sizes = {f: getattr(self, f) for f in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "max_len")}
-        rates = {f: getattr(self, f) for f in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")}
-        problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]
-        problems += [f"model.{f} must be in [0, 1), not {v}" for f, v in rates.items() if not 0 <= v < 1]
-        if self.positional not in ("sinusoidal", "learned"):
-            problems.append(f"model.positional must be 'sinusoidal' or 'learned', not {self.positional!r}")
-        if self.norm not in ("post", "pre"):
-            problems.append(f"model.norm must be 'post' or 'pre', not {self.norm!r}")
-        if self.attention_impl not in ("xla", "cudnn"):
-            problems.append(f"model.attention_impl must be 'xla', 'cudnn' or 'auto', not {self.attention_impl!r}")
-        if self.d_model % 2:
-            problems.append(f"model.d_model must be even (sinusoids come in sin/cos pairs), not {self.d_model}")
-        if problems:
-            raise UserError(problems[0] + ".")
+        """Assert what `fxformer.config.validate` refuses in one sentence before a model is built."""
+        sizes = (self.num_layers, self.d_model, self.d_ff, self.num_heads, self.d_k, self.d_v, self.max_len)
+        rates = (self.dropout_rate, self.attention_dropout_rate, self.relu_dropout_rate)
+        assert min(sizes) > 0 and self.d_model % 2 == 0, f"sizes must be positive, d_model even: {self}"
+        assert all(0 <= rate < 1 for rate in rates), f"rates must be in [0, 1): {self}"
+        assert self.positional in ("sinusoidal", "learned") and self.norm in ("post", "pre"), self
+        assert self.attention_impl in ("xla", "cudnn"), self
 
     @classmethod
-    def from_config(cls, model_config, vocab_size: int, **overrides) -> TransformerConfig:
-        """Build from the `model` section of an ml_collections experiment config."""
-        fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "dtype", "decode"}
-        kwargs = {name: model_config[name] for name in fields if name in model_config}
-        dtype = model_config.get("dtype", "float32")
-        if dtype not in ("float32", "bfloat16"):
-            raise UserError(f"model.dtype must be 'float32' or 'bfloat16', not {dtype!r}.")
-        kwargs["dtype"] = jnp.dtype(dtype)
-        kwargs = {**kwargs, **overrides}
-        kwargs["attention_impl"] = attention_implementation(kwargs, jax.default_backend())
+    def from_config(cls, model_config, vocab_size: int) -> TransformerConfig:
+        """Build from the `model` section of a validated experiment config (`fxformer.config`):
+        d_k / d_v of 0 become d_model / h, "auto" attention what serves on this machine."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "decode"}
+        kwargs = {name: model_config[name] for name in names}
+        kwargs["d_k"], kwargs["d_v"] = head_widths(model_config)
+        kwargs["dtype"] = jnp.dtype(model_config.dtype)
+        kwargs["attention_impl"] = attention_impl(model_config, jax.default_backend())
         return cls(vocab_size=vocab_size, **kwargs)
-
-
-def attention_implementation(fields: dict, backend: str) -> str:
-    """`model.attention_impl` resolved for this machine: "xla" (hand-written, the reference: every
-    query-key product is computed, masked ones included) or "cudnn" (`jax.nn.dot_product_attention`'s
-    fused kernel, given what `fused_mask_arguments` gives it: `is_causal` in decoder self-attention,
-    where jax documents that cuDNN skips the masked half; a dense segment mask, added to the
-    logits, only for packed rows; key lengths for padded rows' other attention). Decoding keeps "xla".
-    "auto" takes cudnn where it serves and xla elsewhere; "cudnn" where it cannot serve is
-    refused in one sentence, never silently changed."""
-    wanted = fields.get("attention_impl", "xla")
-    if wanted == "xla":
-        return "xla"
-    d_k, d_v = fields.get("d_k", 0), fields.get("d_v", 0)
-    reasons = [
-        (backend != "gpu", f"a GPU (this is {backend})"),
-        (d_k != d_v, f"d_k == d_v (here {d_k} vs {d_v})"),
-        (fields.get("attention_dropout_rate", 0.0) > 0, "attention_dropout_rate 0"),
-        (jnp.dtype(fields.get("dtype", "float32")) != jnp.bfloat16, "dtype bfloat16"),
-    ]
-    missing = [what for failed, what in reasons if failed]
-    if wanted == "auto":
-        return "xla" if missing else "cudnn"
-    if wanted == "cudnn" and missing:
-        raise UserError(
-            f"model.attention_impl=cudnn needs {missing[0]}; use model.attention_impl=auto (cudnn where it "
-            "serves) or xla."
-        )
-    return wanted
 
 
 # ---------------------------------------------------------------------------------------------

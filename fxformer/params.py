@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from fxformer import cli
+from fxformer.config import validate
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 
@@ -64,6 +65,7 @@ def main() -> None:
     if args.table3:
         print(table3(args.vocab_size or PAPER_VOCAB_SIZE))
     elif config is not None:
+        validate(config, jax.default_backend())
         vocab_size = args.vocab_size or config.data.vocab_size
         count = count_parameters(config.model, vocab_size)
         print(f"{args.config}: {count:,} parameters ({millions(count)}) with a {vocab_size:,}-token vocabulary")

@@ -25,11 +25,10 @@ import optax
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, cli, exitcodes, inference, optim, parallel, paths, trainstate
+from fxformer.config import check_workdir_config, load_workdir_config, validate, write_workdir_config
 from fxformer.data import corpora, pipeline, tokenizer_for
 from fxformer.errors import UserError
 from fxformer.metrics import MetricWriter, Progress, per_token
-from fxformer.model import TransformerConfig
-from fxformer.resolve import check_decode
 from fxformer.trainstate import TrainState
 
 # ---------------------------------------------------------------------------------------------
@@ -76,55 +75,6 @@ def train_step(
 
 # ---------------------------------------------------------------------------------------------
 # Setup shared with evaluation
-
-
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """Refuse, in one sentence, values the loop or the pipeline cannot run with."""
-    at_least = {
-        "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
-        "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0,
-        "average_last": 1, "checkpoint_every_minutes": 0,
-        "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
-        "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
-        "data.vocab_size": 8, "data.tokenizer_sentences": 1,
-    }  # fmt: skip
-    for key, low in at_least.items():
-        section, _, leaf = key.rpartition(".")
-        node = config[section] if section else config
-        if leaf not in node:  # a field added since an older workdir's config.json was written
-            continue
-        value = node[leaf]
-        if value < low:
-            raise UserError(f"{key} must be at least {low}, not {value}.")
-    if not 0 <= config.label_smoothing < 1:
-        raise UserError(f"label_smoothing must be in [0, 1), not {config.label_smoothing}.")
-    if config.data.overlong not in ("drop", "truncate"):
-        raise UserError(f"data.overlong must be 'drop' or 'truncate', not {config.data.overlong!r}.")
-    if config.model.max_len < config.data.max_length:
-        raise UserError(
-            f"model.max_len ({config.model.max_len}) must cover data.max_length ({config.data.max_length})."
-        )
-    if config.data.source_lang == config.data.target_lang:
-        raise UserError(
-            f"data.source_lang and data.target_lang are both {config.data.source_lang!r}; "
-            "a translation needs two different languages."
-        )
-    if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):
-        raise UserError(f"learning_rate_scale must be a positive number, not {config.learning_rate_scale}.")
-    for key in ("adam_b1", "adam_b2"):
-        if not 0 <= config[key] < 1:
-            raise UserError(f"{key} must be in [0, 1), not {config[key]}.")
-    if not config.adam_eps > 0:
-        raise UserError(f"adam_eps must be positive, not {config.adam_eps}.")
-    metrics = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")
-    if config.get("best_metric", "") not in metrics:
-        raise UserError(f"best_metric must be one of {', '.join(map(repr, metrics))}, not {config.best_metric!r}.")
-    if config.get("dev_bleu_every_steps", 0) < 0 or config.get("dev_bleu_sentences", 0) < 0:
-        raise UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
-    if config.get("best_metric") == "dev_bleu" and not config.get("dev_bleu_every_steps", 0):
-        raise UserError("best_metric=dev_bleu needs dev BLEU during training: set dev_bleu_every_steps, e.g. 5000.")
-    check_decode(config.decode)
-    TransformerConfig.from_config(config.model, config.data.vocab_size)  # the model's own checks, before any write
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print):
@@ -232,8 +182,8 @@ def train_and_evaluate(
 def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
     """Everything up to the first step is checked before the run is recorded: a refused command
     leaves a workdir it found as it was, and one it would have created absent."""
-    check_config(config)
-    trainstate.check_workdir_config(config, workdir)
+    validate(config, jax.default_backend(), jax.process_count())
+    check_workdir_config(config, workdir)
     fresh = not paths.as_path(workdir).exists() or not any(paths.as_path(workdir).iterdir())
     try:
         return _train_accepted(config, workdir, log, stop)
@@ -265,19 +215,19 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     dev_examples = pipeline.tokenize_split(
         dev_source, tokenizer, config.data, config.eval_batches * config.data.eval_batch_size
     )
-    bleu_every = config.get("dev_bleu_every_steps", 0)  # older configs lack it
-    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if bleu_every else None
+    measures_bleu = config.dev_bleu_every_steps > 0
+    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if measures_bleu else None
 
     manager, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
     stop.training()
     recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
-    if recorded:
-        trainstate.write_workdir_config(config, workdir, start_step)
+    if recorded and jax.process_index() == 0:
+        write_workdir_config(config, workdir, start_step)
     describe(config, workdir, state, model, tokenizer, rows, start_step, log)
     writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
-    best = checkpoint.Best(workdir.best, config.get("best_metric", "dev_ppl"), start_step)
-    watch = DivergenceWatch(config.get("divergence_factor", 4.0), tokenizer.vocab_size)  # older configs lack it
-    progress = Progress(writer.last(), 60 * config.get("train_minutes", 0.0))
+    best = checkpoint.Best(workdir.best, config.best_metric, start_step)
+    watch = DivergenceWatch(config.divergence_factor, tokenizer.vocab_size)
+    progress = Progress(writer.last(), 60 * config.train_minutes)
     total = config.num_train_steps
     pending: list[dict] = []  # device metrics of the steps not yet logged
     step, last_save = start_step, time.time()
@@ -319,8 +269,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
             if due.save:
                 checkpoint.save(manager, step, state, data_iterator)
                 last_save = time.time()
-                if not recorded:
-                    trainstate.write_workdir_config(config, workdir, start_step)
+                if not recorded and jax.process_index() == 0:
+                    write_workdir_config(config, workdir, start_step)
                     recorded = True
             elif logged:
                 checkpoint.check(manager)  # a failed background save stops the run now, not at the next save
@@ -465,7 +415,7 @@ def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, s
     """Offer the parameters as the best by dev metric; True (and `stop.early` says why) once
     `early_stopping_patience` dev evaluations have passed without a better one."""
     best.offer(step, logged, params, log)
-    patience = config.get("early_stopping_patience", 0)
+    patience = config.early_stopping_patience
     if patience and best.stale >= patience and step != config.num_train_steps:
         stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
         return True
@@ -498,7 +448,7 @@ def main() -> int:
     if config is None:  # resume a run with the config it was started with
         if not workdir.config.exists():
             raise UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
-        config = trainstate.load_workdir_config(workdir)
+        config = load_workdir_config(workdir)
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     try:

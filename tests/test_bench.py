@@ -10,8 +10,8 @@ import pytest
 from conftest import env_with_devices
 from jax.sharding import AxisType, Mesh
 
-from configs import with_overrides
 from fxformer import bench, configfile, parallel, train, trainstate
+from fxformer.config import with_overrides
 
 
 def xla_train_flops(config) -> float:

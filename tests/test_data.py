@@ -12,6 +12,7 @@ import pytest
 from conftest import left_as_is, small_config
 from tensorflow_datasets.translate import wmt14
 
+from fxformer.config import validate
 from fxformer.data import corpora, pipeline, tokenizer_for
 from fxformer.tokens import EOS_ID, PAD_ID
 
@@ -273,7 +274,7 @@ def test_an_empty_embedded_split_and_a_long_preparation_error_are_one_readable_s
     config = small_config(tmp_path)
     config.data.num_train = 0
     with pytest.raises(corpora.UserError, match="data.num_train must be at least 1 for the embedded corpus, not 0"):
-        corpora.get_builder(config.data)
+        validate(config)
     long = "Failed to establish a new connection: " + "HTTPSConnectionPool(host='statmt.org', port=443) " * 10
     message = corpora.prepare_failure(ConnectionError(long + "\nsecond line"), config.data, "/data")
     inner = message.split("(ConnectionError: ", 1)[1].rsplit("); see the README", 1)[0]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fxformer import decode, inference
+from fxformer.config import DecodeOptions
 from fxformer.model import Transformer, TransformerConfig
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -112,7 +113,7 @@ def reference_beam(table, limit, beam_size, alpha, variant):
     return finished
 
 
-@pytest.mark.parametrize("variant", decode.VARIANTS)
+@pytest.mark.parametrize("variant", DecodeOptions.BEAM_VARIANTS)
 @pytest.mark.parametrize("seed, alpha", [(0, 0.6), (1, 0.0), (2, 1.0)])
 def test_wide_beam_finds_every_hypothesis_in_brute_force_order(variant, seed, alpha):
     table = random_table(seed, max_len=5)
@@ -124,7 +125,7 @@ def test_wide_beam_finds_every_hypothesis_in_brute_force_order(variant, seed, al
     assert trimmed(outputs[0, 0]) == candidates[order[0]]
 
 
-@pytest.mark.parametrize("variant", decode.VARIANTS)
+@pytest.mark.parametrize("variant", DecodeOptions.BEAM_VARIANTS)
 @pytest.mark.parametrize("seed, beam_size, alpha", [(3, 2, 0.6), (4, 4, 0.6), (5, 3, 2.0), (6, 1, 0.6)])
 def test_beam_variants_equal_a_plain_python_beam_search(variant, seed, beam_size, alpha):
     table = random_table(seed, max_len=7, sharpness=1.0)
@@ -153,7 +154,7 @@ def test_the_t2t_variant_keeps_its_beam_full_where_the_live_one_shrinks():
     assert any(gain > 1e-4 for gain in found.values())
 
 
-@pytest.mark.parametrize("variant", decode.VARIANTS)
+@pytest.mark.parametrize("variant", DecodeOptions.BEAM_VARIANTS)
 @pytest.mark.parametrize("seed, alpha", [(7, 2.0), (8, 0.6), (9, 0.0)])
 def test_early_stopping_changes_nothing(variant, seed, alpha):
     """Stopping once no live hypothesis can win must give what searching to the end gives."""
@@ -199,7 +200,7 @@ def test_searching_in_stages_of_growing_cache_changes_nothing(monkeypatch):
     assert decode.cache_lengths(6) == [1, 2, 3, 4, 5, 6] and decode.cache_lengths(1) == [1]
     table = jnp.asarray(random_table(7, 6))
     limits = jnp.array([6, 3, 5])
-    for variant in decode.VARIANTS:
+    for variant in DecodeOptions.BEAM_VARIANTS:
         GROWN.clear()
         staged = table_beam(table, limits, 6, 3, 0.6, variant, stages=True)
         assert GROWN == [1, 2, 3, 4, 5, 6]  # traced once per stage
@@ -276,12 +277,12 @@ def teacher_forced_logprob(params, inputs, outputs, config=TINY):
     return np.array([sum(log_probs[i, t, y[t]] for t in range(len(y))) for i, y in enumerate(outputs)])
 
 
-OPTIONS = {"strategy": "beam", "beam_size": 4, "alpha": 0.6, "beam_variant": "live", "max_extra": 2, "nbest": 4,
-           "temperature": 1.0, "top_k": 0}  # fmt: skip
+OPTIONS = DecodeOptions(strategy="beam", beam_size=4, alpha=0.6, beam_variant="live", max_extra=2, nbest=4,
+                        temperature=1.0, top_k=0, seed=0)  # fmt: skip
 
 
 @pytest.mark.slow  # compiles the model several times
-@pytest.mark.parametrize("variant", decode.VARIANTS)
+@pytest.mark.parametrize("variant", DecodeOptions.BEAM_VARIANTS)
 def test_the_models_wide_beam_finds_the_brute_force_best(variant, monkeypatch):
     monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", 2)  # the cache grows from 2 to 4 positions on the way
     params = tiny_params(0)
@@ -289,7 +290,7 @@ def test_the_models_wide_beam_finds_the_brute_force_best(variant, monkeypatch):
     candidates = all_outputs(limit=4)
     scores = teacher_forced_logprob(params, inputs, candidates) / np.array([penalty(len(y), 0.6) for y in candidates])
     order = np.argsort(-scores)
-    options = {**OPTIONS, "beam_size": 128, "nbest": 128, "beam_variant": variant}
+    options = dataclasses.replace(OPTIONS, beam_size=128, nbest=128, beam_variant=variant)
     outputs, beam_scores = inference.search(TINY, params, jnp.asarray(inputs), options)
     np.testing.assert_allclose(np.asarray(beam_scores[0, : len(candidates)]), scores[order], rtol=1e-5, atol=1e-5)
     assert trimmed(outputs[0, 0]) == candidates[order[0]]
@@ -301,7 +302,8 @@ def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_ar
     config = dataclasses.replace(TINY, vocab_size=12)
     params = tiny_params(4, config)
     inputs = np.array([[4, 5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID, PAD_ID]])
-    outputs, scores = inference.search(config, params, jnp.asarray(inputs), {**OPTIONS, "max_extra": 5, "nbest": 3})
+    nbest = dataclasses.replace(OPTIONS, max_extra=5, nbest=3)
+    outputs, scores = inference.search(config, params, jnp.asarray(inputs), nbest)
     assert outputs.shape[:2] == scores.shape == (2, 3)
     for i in range(2):
         for j in range(3):
@@ -309,7 +311,8 @@ def test_the_models_nbest_are_teacher_forced_scores_and_greedy_is_the_forward_ar
             want = teacher_forced_logprob(params, inputs[i : i + 1], [y], config)[0] / penalty(len(y), 0.6)
             assert float(scores[i, j]) == pytest.approx(want, abs=1e-4)
         assert (np.diff(np.asarray(scores[i])) <= 0).all()  # best first
-    greedy, _ = inference.search(config, params, jnp.asarray(inputs[:1]), {**OPTIONS, "strategy": "greedy", "nbest": 1})
+    greedy_search = dataclasses.replace(OPTIONS, strategy="greedy", nbest=1)
+    greedy, _ = inference.search(config, params, jnp.asarray(inputs[:1]), greedy_search)
     y = trimmed(np.asarray(greedy[0, 0]))
     logits = np.array(Transformer(config).apply({"params": params}, jnp.asarray(inputs[:1]), jnp.asarray([y]))[0])
     logits[:, [PAD_ID, BOS_ID]] = -np.inf

@@ -11,6 +11,7 @@ import pytest
 from conftest import env_with_devices, left_as_is
 
 from fxformer import checkpoint, parallel, trainstate
+from fxformer.config import load_workdir_config
 from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer
 
@@ -28,7 +29,7 @@ def run(module, *args, devices=1, stdin=None):
 @pytest.mark.slow
 def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     workdir = eight_device_workdir
-    config = trainstate.load_workdir_config(workdir)
+    config = load_workdir_config(workdir)
     vocab = Tokenizer(workdir / "tokenizer.model").vocab_size
     mesh = parallel.data_mesh()
     _, _, abstract_state = trainstate.build(config, vocab, mesh)

@@ -15,7 +15,6 @@ from fxformer.model import (
     MultiHeadAttention,
     Transformer,
     TransformerConfig,
-    attention_implementation,
     dense_mask,
     dot_product_attention,
     fused_attention,
@@ -189,9 +188,9 @@ def test_dropout_only_in_training_mode():
 
 def test_parameter_count_matches_closed_form():
     """Shared embedding + N encoder layers + N decoder layers, counted by hand."""
-    import ml_collections
+    from configs import base
 
-    m = ml_collections.ConfigDict(dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, d_k=64, d_v=64))
+    m = base.get_config().model  # N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=0: 64
     V, d, f, h, dk, dv = 37000, 512, 2048, 8, 64, 64
     attention = 2 * d * h * dk + d * h * dv + h * dv * d  # W^Q, W^K, W^V, W^O: no biases
     ffn = d * f + f + f * d + d
@@ -279,19 +278,15 @@ def test_the_models_fused_route_equals_the_reference_on_real_targets(packed, mon
 
 
 def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sentence():
-    from configs import with_overrides
     from fxformer import configfile
+    from fxformer.config import with_overrides
 
     config = configfile.load_config("configs/default.py")
     auto = TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "auto"}).model, 50)
-    assert auto.attention_impl == "xla"  # no GPU here: auto takes the reference path, so results are identical
-    with pytest.raises(UserError, match="model.attention_impl=cudnn needs a GPU"):
-        TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "cudnn"}).model, 50)
-    gpu = {"attention_impl": "cudnn", "d_k": 16, "d_v": 32, "dtype": "bfloat16"}
-    with pytest.raises(UserError, match=r"needs d_k == d_v \(here 16 vs 32\)"):
-        attention_implementation(gpu, "gpu")
-    assert attention_implementation({**gpu, "d_v": 16}, "gpu") == "cudnn"
-    assert attention_implementation({**gpu, "d_v": 16, "attention_impl": "auto", "dtype": "float32"}, "gpu") == "xla"
+    assert auto.attention_impl == "xla" and auto.d_k == auto.d_v == 32  # 0: d_model / h
+    if jax.default_backend() != "gpu":  # no GPU here: auto takes the reference path, so results are identical
+        with pytest.raises(UserError, match="model.attention_impl=cudnn needs a GPU"):
+            TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "cudnn"}).model, 50)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")

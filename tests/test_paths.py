@@ -15,8 +15,8 @@ from conftest import TINY, FakeBucket, small_config
 from etils import epath
 from test_train import read_tensorboard_scalars
 
-from configs import with_overrides
 from fxformer import evaluate, paths, train
+from fxformer.config import with_overrides
 
 
 @pytest.fixture

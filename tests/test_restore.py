@@ -12,6 +12,7 @@ import pytest
 import tensorstore as ts
 
 from fxformer import checkpoint, configfile, inference, inferflags, parallel, trainstate
+from fxformer.config import load_workdir_config
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 
@@ -74,7 +75,7 @@ def test_the_checkpoint_choice_is_refused_in_one_sentence_before_any_restore(tmp
 def test_restore_holds_the_parameters_of_the_full_state_and_nothing_else(eight_device_workdir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)  # the average is saved into it
-    config = trainstate.load_workdir_config(workdir)
+    config = load_workdir_config(workdir)
     vocab_size = Tokenizer(workdir / "tokenizer.model").vocab_size
     model, _, abstract_state = trainstate.build(config, vocab_size, parallel.data_mesh())
     tokens = jnp.ones((1, 4), jnp.int32)

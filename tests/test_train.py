@@ -15,8 +15,8 @@ import pytest
 from conftest import TINY, env_with_devices, final_params, logged, run_train, small_config, train_command
 from jax.sharding import AxisType, Mesh
 
-from configs import with_overrides
 from fxformer import exitcodes, optim, parallel, train, trainstate
+from fxformer.config import with_overrides
 from fxformer.data import corpora, pipeline
 from fxformer.model import Transformer, TransformerConfig
 

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from fxformer import cli
+from fxformer.config import validate
 from fxformer.data import baseline, corpora, pipeline, tokenizer_for
 from fxformer.errors import UserError
 
@@ -40,6 +41,7 @@ def main() -> None:
     args, config = cli.parse(p)
     if config is None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/default.py.")
+    validate(config)
     data = config.data
     start = time.time()
     builder = corpora.prepare(data)

@@ -24,6 +24,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 
 from fxformer import paths
+from fxformer.config import EMBEDDED_CORPORA
 from fxformer.data import grammar, grammar2
 from fxformer.errors import UserError
 
@@ -83,7 +84,7 @@ class FxformerEmbedded2(FxformerEmbedded):
     make_splits = staticmethod(grammar2.make_splits)
 
 
-EMBEDDED = {"embedded": FxformerEmbedded, "embedded2": FxformerEmbedded2}  # data.dataset -> builder
+EMBEDDED = dict(zip(EMBEDDED_CORPORA, (FxformerEmbedded, FxformerEmbedded2), strict=True))  # data.dataset -> builder
 
 
 @dataclasses.dataclass
@@ -164,7 +165,7 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
     files = []
     for split, prefix in TEXT_SPLITS.items():
         fields = [f"{prefix}source_file", f"{prefix}target_file"]
-        given = [data.get(f, "") for f in fields]
+        given = [data[f] for f in fields]
         if split != "train" and not any(given):
             continue
         for field, value in zip(fields, given):
@@ -197,15 +198,7 @@ def get_builder(data: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     """The TFDS builder that `config.data` names (not yet prepared)."""
     data_dir = os.path.expanduser(data.tfds_data_dir) if data.tfds_data_dir else None
     if data.dataset in EMBEDDED:
-        for split in ("train", "validation", "test"):
-            if data[f"num_{split}"] < 1:
-                raise UserError(
-                    f"data.num_{split} must be at least 1 for the {data.dataset} corpus, not {data[f'num_{split}']}."
-                )
-        if (data.source_lang, data.target_lang) != ("en", "de"):
-            raise UserError(
-                f"The {data.dataset} corpus translates en -> de; set data.source_lang=en, data.target_lang=de."
-            )
+        assert (data.source_lang, data.target_lang) == ("en", "de"), data  # fxformer.config.validate
         name = f"train{data.num_train}-validation{data.num_validation}-test{data.num_test}-seed{data.corpus_seed}"
         config = EmbeddedConfig(
             name=name,

@@ -28,8 +28,7 @@ class LengthFilter:
     """Drops or truncates pairs longer than `max_length` tokens on either side, and counts them."""
 
     def __init__(self, max_length: int, overlong: str):
-        if overlong not in ("drop", "truncate"):
-            raise UserError(f"data.overlong must be 'drop' or 'truncate', not {overlong!r}.")
+        assert overlong in ("drop", "truncate"), overlong  # fxformer.config.validate refuses others
         self.max_length, self.overlong = max_length, overlong
         self.seen = self.overlong_pairs = 0
         self._lock = threading.Lock()
@@ -154,11 +153,7 @@ def train_dataset(
     read them.
     """
     num_shards = data.num_shards or process_count
-    if num_shards % process_count or rows % num_shards:
-        raise UserError(
-            f"data.num_shards={num_shards} must be a multiple of the {process_count} processes "
-            f"and divide the {rows} rows per step."
-        )
+    assert num_shards % process_count == 0 and rows % num_shards == 0, (num_shards, process_count, rows)  # validate
     per_process = num_shards // process_count
     length_filter = LengthFilter(data.max_length, data.overlong)
     packed = []

@@ -1,0 +1,200 @@
+"""Workdir configs written by older code still train, evaluate and translate.
+
+tests/fixtures/config-issue21.json is the config.json a tiny run wrote before the config had one
+home (issue 21); config-early.json is the same run as written before the `decode` section and
+the fields added since (beam_size, alpha and max_decode_extra at top level; no
+divergence_factor, train_minutes, best_metric, early_stopping_patience, dev BLEU, the text
+dataset's separate files, model.attention_impl). Their `data.tfds_data_dir` is set to the
+session's corpus by the test.
+"""
+
+import dataclasses
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import ml_collections
+import pytest
+from conftest import env_with_devices
+
+from configs import base
+from fxformer import config, configfile
+from fxformer.errors import UserError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+LINES = "The dog sees the man.\nToday the woman buys a book.\n"
+
+
+def run(module, *args, stdin=None):
+    result = subprocess.run([sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True,
+                            text=True, input=stdin)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def workdir_from(fixture: str, tmp_path, data_dir) -> Path:
+    """A workdir holding only the fixture's config.json, reading the session's corpus."""
+    config = json.loads((FIXTURES / fixture).read_text())
+    config["data"]["tfds_data_dir"] = str(data_dir)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(config, indent=2))
+    return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture, beam_size", [("config-issue21.json", 4), ("config-early.json", 2)])
+def test_a_config_written_by_older_code_trains_evaluates_and_translates(fixture, beam_size, tmp_path, data_dir, corpus):
+    workdir = workdir_from(fixture, tmp_path, data_dir)
+    trained = run("fxformer.train", f"--workdir={workdir}")  # the workdir's own config
+    assert "step 4/4" in trained
+    run("fxformer.evaluate", f"--workdir={workdir}", "--limit=8")
+    written = json.loads((workdir / "eval" / "test-4-first8.json").read_text())
+    assert written["decode"]["beam_size"] == beam_size
+    out = run("fxformer.translate", f"--workdir={workdir}", "--config.decode.nbest=2", stdin=LINES)
+    assert len(out.splitlines()) == 2 * 2
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_the_rest():
+    early, defaults = fixture("config-early.json"), base.get_config().to_dict()
+    upgraded = config.upgrade(ml_collections.ConfigDict(early)).to_dict()
+    assert upgraded["decode"] == {**defaults["decode"], "beam_size": 2, "alpha": 0.6, "max_extra": 50}
+    changes = config.config_changes(early, upgraded)
+    added = {key: new for key, (old, new) in changes.items() if old is None}
+    assert set(added) == {
+        "decode", "dev_bleu_every_steps", "dev_bleu_sentences", "best_metric", "early_stopping_patience",
+        "train_minutes", "divergence_factor", "model.attention_impl", "data.validation_source_file",
+        "data.validation_target_file", "data.test_source_file", "data.test_target_file",
+    }  # fmt: skip
+    for key in set(added) - {"decode"}:  # the decode section: checked above
+        section, _, leaf = key.rpartition(".")
+        assert added[key] == (defaults[section] if section else defaults)[leaf], key
+    moved = {key: old for key, (old, new) in changes.items() if new is None}
+    assert moved == {"beam_size": 2, "alpha": 0.6, "max_decode_extra": 50}  # into the decode section
+    assert set(changes) == set(added) | set(moved)  # every field it had keeps its value
+
+
+def test_a_config_written_before_this_change_upgrades_to_itself():
+    written = fixture("config-issue21.json")
+    assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == written
+
+
+REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
+    *(({key: low - 1}, {}, f"{key} must be at least {low}, not {low - 1}") for key, low in config.AT_LEAST.items()),
+    ({"label_smoothing": 1.0}, {}, "label_smoothing must be in [0, 1), not 1.0"),
+    ({"learning_rate_scale": -1.0}, {}, "learning_rate_scale must be a positive number"),
+    ({"learning_rate_scale": math.nan}, {}, "learning_rate_scale must be a positive number"),
+    ({"learning_rate_scale": math.inf}, {}, "learning_rate_scale must be a positive number"),
+    ({"adam_b1": -0.1}, {}, "adam_b1 must be in [0, 1)"),
+    ({"adam_b2": 1.0}, {}, "adam_b2 must be in [0, 1)"),
+    ({"adam_eps": 0.0}, {}, "adam_eps must be positive"),
+    ({"best_metric": "bleu"}, {}, "best_metric must be one of '', 'dev_ppl'"),
+    ({"dev_bleu_sentences": -1}, {}, "dev_bleu_every_steps and dev_bleu_sentences must be 0 or more."),
+    ({"best_metric": "dev_bleu"}, {}, "best_metric=dev_bleu needs dev BLEU during training"),
+    ({"data.overlong": "cut"}, {}, "data.overlong must be 'drop' or 'truncate', not 'cut'"),
+    ({"model.max_len": 32}, {}, "model.max_len (32) must cover data.max_length (64)"),
+    ({"data.source_lang": "de"}, {}, "two different languages"),
+    ({"data.num_train": 0}, {}, "data.num_train must be at least 1 for the embedded corpus, not 0"),
+    ({"data.num_test": 0}, {}, "data.num_test must be at least 1 for the embedded corpus, not 0"),
+    ({"data.source_lang": "fr"}, {}, "The embedded corpus translates en -> de"),
+    ({"data.num_shards": 3}, {"processes": 2}, "data.num_shards=3 must be a multiple of the 2 processes"),
+    ({"model.d_model": 33, "model.d_k": 8, "model.d_v": 8}, {}, "model.d_model must be even"),
+    ({"model.d_model": 33}, {}, "model.d_model (33) is not divisible by model.num_heads (4)"),
+    ({"model.num_layers": 0}, {}, "model.num_layers must be positive, not 0"),
+    ({"model.d_v": -8}, {}, "model.d_v must be positive, not -8"),
+    ({"model.dropout_rate": 1.0}, {}, "model.dropout_rate must be in [0, 1), not 1.0"),
+    ({"model.positional": "rotary"}, {}, "model.positional must be 'sinusoidal' or 'learned'"),
+    ({"model.norm": "mid"}, {}, "model.norm must be 'post' or 'pre'"),
+    ({"model.attention_impl": "flash"}, {}, "model.attention_impl must be 'xla', 'cudnn' or 'auto'"),
+    ({"model.dtype": "float16"}, {}, "model.dtype must be 'float32' or 'bfloat16', not 'float16'"),
+    ({"model.attention_impl": "cudnn"}, {"backend": "cpu"}, "model.attention_impl=cudnn needs a GPU (this is cpu)"),
+    ({"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "model.d_k": 16, "model.d_v": 32},
+     {"backend": "gpu"}, "model.attention_impl=cudnn needs d_k == d_v (here 16 vs 32)"),
+    ({"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "model.attention_dropout_rate": 0.1},
+     {"backend": "gpu"}, "needs attention_dropout_rate 0"),
+    ({"model.attention_impl": "cudnn"}, {"backend": "gpu"}, "model.attention_impl=cudnn needs dtype bfloat16"),
+    ({"decode.strategy": "nucleus"}, {}, "decode.strategy must be one of beam, greedy, sample, not 'nucleus'"),
+    ({"decode.beam_variant": "wide"}, {}, "decode.beam_variant must be live or t2t, not 'wide'"),
+    *(({f"decode.{key}": low - 1}, {}, f"decode.{key} must be at least {low}")
+      for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0))),
+    ({"decode.temperature": -1.0}, {}, "decode.temperature must be 0 or more, not -1.0"),
+    ({"decode.nbest": 5}, {}, "decode.nbest (5) cannot exceed decode.beam_size (4)"),
+    ({"decode.strategy": "greedy", "decode.nbest": 2}, {}, "decode.nbest > 1 needs decode.strategy=beam or sample"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, machine, message", REFUSALS)
+def test_validate_refuses_each_mistake_in_one_sentence(overrides, machine, message):
+    wrong = config.with_overrides(configfile.load_config("configs/default.py"), overrides)
+    with pytest.raises(UserError, match=re.escape(message)):
+        config.validate(wrong, **machine)
+
+
+def test_validate_accepts_every_shipped_config():
+    for spec in ("configs/default.py", "configs/base.py", "configs/big.py", "configs/table3.py:C4,mini"):
+        config.validate(configfile.resolve(spec), backend="cpu")
+    config.validate(configfile.resolve("configs/base.py", [("data.num_shards", "4")]), processes=2)
+
+
+def test_attention_impl_auto_takes_cudnn_only_where_it_serves():
+    fused = config.with_overrides(base.get_config(), {"model.attention_impl": "auto", "model.dtype": "bfloat16"}).model
+    assert config.attention_impl(fused, "gpu") == "cudnn"
+    assert config.attention_impl(fused, "cpu") == "xla"  # no GPU: the reference path, identical results
+    assert config.attention_impl(config.with_overrides(fused, {"dtype": "float32"}), "gpu") == "xla"
+
+
+def test_one_walker_reads_and_sets_nested_keys_of_configs_and_their_dicts():
+    cfg = base.get_config()
+    assert config.lookup(cfg, "model.d_model") == config.lookup(cfg.to_dict(), "model.d_model") == 512
+    assert config.lookup(cfg, "seed") == 0 and config.lookup(cfg, "decode").beam_size == 4
+    node, leaf = config.walk(cfg, "decode.beam_size")
+    assert node is cfg.decode and leaf == "beam_size"
+    config.with_overrides(cfg, {"model.d_model": 1024, "decode.alpha": 1.0, "seed": 3})
+    assert (cfg.model.d_model, cfg.decode.alpha, cfg.seed) == (1024, 1.0, 3)
+    configfile.apply_override(cfg, "data.max_length", "128")
+    assert cfg.data.max_length == 128
+    keys = config.dotted_keys(cfg)
+    assert "model.num_layers" in keys and "decode.seed" in keys and "model" not in keys
+    assert "model" in config.dotted_keys(cfg, sections=True)
+
+
+@pytest.mark.parametrize(
+    "key, words",
+    [
+        ("model.num_head", "Unknown config key 'model.num_head' (did you mean 'model.num_heads'?)."),
+        ("modle.d_model", "Unknown config key 'modle.d_model' (did you mean 'model.d_model'?)."),
+        ("model.d_model.x", "Unknown config key 'model.d_model.x'"),  # through a field
+        ("nothing_like_it", "Unknown config key 'nothing_like_it'."),
+    ],
+)
+def test_the_walker_refuses_an_unknown_key_naming_the_closest(key, words):
+    for cfg in (base.get_config(), base.get_config().to_dict()):
+        with pytest.raises(UserError, match=re.escape(words)):
+            config.lookup(cfg, key)
+    with pytest.raises(UserError, match=re.escape(words)):
+        config.with_overrides(base.get_config(), {key: 1})
+    with pytest.raises(UserError, match=re.escape(words)):
+        configfile.apply_override(base.get_config(), key, "1")
+
+
+def test_decode_options_are_frozen_hashable_and_round_trip_the_section():
+    section = base.get_config().decode
+    options = config.DecodeOptions.of(section)
+    assert options.to_dict() == section.to_dict()
+    assert config.DecodeOptions.of(ml_collections.ConfigDict(options.to_dict())) == options
+    assert hash(options) == hash(config.DecodeOptions.of(section)) and len({options, dataclasses.replace(options)}) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beam_size = 8
+    assert dataclasses.replace(options, nbest=1) != dataclasses.replace(options, nbest=2)
+    with pytest.raises(UserError, match="decode.nbest \\(5\\) cannot exceed decode.beam_size \\(4\\)"):
+        dataclasses.replace(options, nbest=5)
+    jitted = jax.jit(lambda x, o: x * o.beam_size, static_argnums=1)  # static under jit
+    assert int(jitted(2, options)) == 8
