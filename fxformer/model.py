@@ -224,7 +224,9 @@ def fused_mask_arguments(mask: AttentionMask, num_heads: int) -> dict[str, Any]:
 
     - packed rows: the segment mask broadcast to [b, h, q, k] (cuDNN adds it to the logits as a
       bias: the products only it hides are computed all the same), and `is_causal` in decoder
-      self-attention;
+      self-attention. Padding queries see every key (causality permitting, so at least the
+      first): a query that sees none gives NaN gradients in cuDNN's kernel (measured on an
+      H100: the base model's training loss was NaN from step 2), though its output is discarded;
     - padded rows, decoder self-attention: `is_causal` alone; a real query's earlier keys are all
       real, so padding needs no mask, and jax documents that cuDNN skips the masked half;
     - padded rows, other attention: `key_value_seq_lengths`, each row's number of real keys, at
@@ -232,13 +234,13 @@ def fused_mask_arguments(mask: AttentionMask, num_heads: int) -> dict[str, Any]:
       none, so its outputs stay finite.
 
     Real queries see exactly the reference's keys. Padding queries, whose outputs are discarded,
-    see no key in the reference (uniform weights) nor through a packed mask; on padded rows they
-    see the keys that the lengths or causality allow.
+    see no key in the reference (uniform weights); here every query sees at least one key.
     """
     if mask.packed:
-        same = segment_mask(mask.q_segments, mask.kv_segments)  # [b, 1, q, k]
-        b, _, q_len, k_len = same.shape
-        return {"mask": jnp.broadcast_to(same, (b, num_heads, q_len, k_len)), "is_causal": mask.causal}
+        padding = (mask.q_segments == 0)[:, None, :, None]  # [b, 1, q, 1]
+        sees = segment_mask(mask.q_segments, mask.kv_segments) | padding  # [b, 1, q, k]
+        b, _, q_len, k_len = sees.shape
+        return {"mask": jnp.broadcast_to(sees, (b, num_heads, q_len, k_len)), "is_causal": mask.causal}
     if mask.causal:
         return {"is_causal": True}
     lengths = jnp.maximum((mask.kv_segments > 0).sum(-1), 1).astype(jnp.int32)  # [b]

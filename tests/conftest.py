@@ -16,6 +16,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import fsspec  # noqa: E402
+import jax  # noqa: E402
+
+# Float32 tests compare against NumPy at float32 tolerances: on a GPU, JAX's default matmul
+# precision is TF32 (about 1e-3 relative), which those comparisons would measure instead of the
+# code. Full float32 here; a CPU computes in full float32 either way. Bfloat16 tests are unaffected.
+jax.config.update("jax_default_matmul_precision", "highest")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from etils import epath  # noqa: E402
