@@ -245,6 +245,7 @@ def attention_impl(model: ml_collections.ConfigDict, backend: str | None) -> str
     reasons = [
         (backend not in (None, "gpu"), f"a GPU (this is {backend})"),
         (d_k != d_v, f"d_k == d_v (here {d_k} vs {d_v})"),
+        (d_k % 8 or d_k > 256, f"a head width d_k that is a multiple of 8, at most 256 (here {d_k})"),
         (model.attention_dropout_rate > 0, "attention_dropout_rate 0"),
         (model.dtype != "bfloat16", "dtype bfloat16"),
     ]

@@ -149,6 +149,10 @@ def test_attention_impl_auto_takes_cudnn_only_where_it_serves():
     assert config.attention_impl(fused, "gpu") == "cudnn"
     assert config.attention_impl(fused, "cpu") == "xla"  # no GPU: the reference path, identical results
     assert config.attention_impl(config.with_overrides(fused, {"dtype": "float32"}), "gpu") == "xla"
+    one_head = config.with_overrides(fused, {"num_heads": 1})  # Table 3's A1: a head 512 wide, beyond cuDNN's 256
+    assert config.attention_impl(one_head, "gpu") == "xla"
+    with pytest.raises(UserError, match=r"needs a head width d_k that is a multiple of 8, at most 256 \(here 512\)"):
+        config.attention_impl(config.with_overrides(one_head, {"attention_impl": "cudnn"}), "gpu")
 
 
 def test_one_walker_reads_and_sets_nested_keys_of_configs_and_their_dicts():
