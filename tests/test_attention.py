@@ -109,7 +109,9 @@ def softmax_by_hand(config, p, xq, xk, mask):
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize(
+    "name", [n if n == "post" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CONFIGS)]
+)  # one fast
 def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(name):
     config = CONFIGS[name]
     params = init(config)

@@ -193,6 +193,7 @@ def test_top_k_in_blocks_equals_lax_top_k_ties_and_infinities_included(n, k, blo
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
 
 
+@pytest.mark.slow  # compiles the model several times (the fast set stays under a minute)
 def test_searching_in_stages_of_growing_cache_changes_nothing(monkeypatch):
     """With the cache grown in stages (lengths 1, 2, ..., 6 here), every search gives what one
     loop over the whole length gives, and stops as early."""
@@ -226,6 +227,7 @@ def test_greedy_follows_the_argmax_and_beam_one_is_greedy():
     np.testing.assert_array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
 
 
+@pytest.mark.slow  # compiles the model several times (the fast set stays under a minute)
 def test_sampling_is_reproducible_follows_the_distribution_and_top_k():
     table = random_table(11, max_len=4, sharpness=1.0)
     rows = 4000

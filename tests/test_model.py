@@ -1,6 +1,7 @@
 """The model against independent computations: NumPy attention, the paper's formulas."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -34,7 +35,13 @@ def init(config, src_len=7, tgt_len=6, seed=0):
 
 
 def logits_of(config, params, inputs, targets, **kw):
-    return np.asarray(Transformer(config).apply({"params": params}, jnp.asarray(inputs), jnp.asarray(targets), **kw))
+    """The model's forward pass, compiled (one XLA program per shape: faster than op by op)."""
+    return np.asarray(_forward(config, params, jnp.asarray(inputs), jnp.asarray(targets), **kw))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, inputs, targets, **kw):
+    return Transformer(config).apply({"params": params}, inputs, targets, **kw)
 
 
 def numpy_attention(params, xq, xkv, mask, h, d_k, d_v):
@@ -94,6 +101,7 @@ def test_future_target_tokens_do_not_change_earlier_logits():
     assert np.abs(a[:, 4:] - b[:, 4:]).max() > 1e-4  # and the change is seen later
 
 
+@pytest.mark.slow  # compiles the model several times (the fast set stays under a minute)
 def test_padded_source_tokens_change_nothing():
     params = init(TINY)
     inputs = np.array([[5, 6, 7, 3, 0, 0, 0]])
@@ -138,7 +146,14 @@ def test_sinusoid_table_is_the_papers_formula():
             assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-@pytest.mark.parametrize("variant", [{}, {"norm": "pre"}, {"positional": "learned"}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        pytest.param({"norm": "pre"}, marks=pytest.mark.slow),
+        pytest.param({"positional": "learned"}, marks=pytest.mark.slow),
+    ],
+)  # one fast
 def test_cached_decoding_equals_full_forward(variant):
     config = dataclasses.replace(TINY, **variant)
     params = init(config)
@@ -175,6 +190,7 @@ def test_bfloat16_compute_stays_close_to_float32():
     assert np.abs(bf16 - f32).max() < 0.1 * np.abs(f32).max() + 0.05
 
 
+@pytest.mark.slow  # compiles the model several times (the fast set stays under a minute)
 def test_dropout_only_in_training_mode():
     params = init(TINY)
     inputs, targets = jnp.array([[5, 6, 7, 3]]), jnp.array([[9, 10, 3]])
@@ -265,6 +281,7 @@ PACKED_BATCH = dict(  # as the packer makes them: each target segment has its so
 )
 
 
+@pytest.mark.slow  # compiles the model several times (the fast set stays under a minute)
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_models_fused_route_equals_the_reference_on_real_targets(packed, monkeypatch):
     """The whole model with attention_impl="cudnn", its kernel swapped for jax's XLA one (the

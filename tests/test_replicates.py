@@ -155,6 +155,7 @@ def initial_state(corpus, seed: int):
     return trainstate.create_state(model, optim.optimizer(config), seed)
 
 
+@pytest.mark.slow  # trains and compiles several times (the fast set stays under a minute)
 def test_seeds_change_the_data_order_init_and_dropout_and_the_same_seed_repeats(corpus):
     a, b, again = first_batch(corpus, 0), first_batch(corpus, 1), first_batch(corpus, 0)
     assert not np.array_equal(a["targets"], b["targets"])

@@ -34,6 +34,7 @@ def tiny_model_config():
     return config
 
 
+@pytest.mark.slow  # trains, saves and restores (the fast set stays under a minute)
 def test_the_parameters_are_read_alone_from_a_training_checkpoint(tmp_path):
     config, mesh = tiny_model_config(), parallel.data_mesh()
     model, tx, abstract_state = trainstate.build(config, 100, mesh)
