@@ -602,9 +602,11 @@ def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus)
 
     workdir = tmp_path / "w"
     run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
-    data_files = [p for p in (workdir / "checkpoints" / "4" / "state").rglob("d/*") if p.is_file()]
-    biggest = max(data_files, key=lambda p: p.stat().st_size)
-    biggest.write_bytes(biggest.read_bytes()[:1000])  # the parameters' data cut short
+    # Every data file cut short: which file holds the parameters varies from save to save, and
+    # evaluate reads the parameters alone (damage to Adam's moments alone is rightly no error there).
+    for path in (workdir / "checkpoints" / "4" / "state").rglob("d/*"):
+        if path.is_file() and path.stat().st_size > 1000:
+            path.write_bytes(path.read_bytes()[:1000])
     evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=4"]
     resume = train_command(workdir, data_dir, num_train_steps=8)
     for argv in [evaluate] * 10 + [resume] * 10:
