@@ -313,15 +313,44 @@ def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sen
             TransformerConfig.from_config(with_overrides(config, {"model.attention_impl": "cudnn"}).model, 50)
 
 
+@pytest.mark.slow  # compiles the model's gradient twice per case
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_fused_routes_gradients_equal_the_references_in_float32(packed, monkeypatch):
+    """The training gradients through the cudnn route's arguments (odd lengths padded, padding
+    queries seeing keys), jax's XLA kernel standing in on a CPU, against the hand-written attention."""
+    import optax
+
+    kernel = fused_attention
+    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, _: kernel(q, k, v, mask, "xla"))
+    base, params, inputs, targets, kw = bfloat16_case(packed)
+    base = dataclasses.replace(base, dtype=jnp.float32)
+    weights = ((kw["targets_segmentation"] if packed else targets) != 0).astype(jnp.float32)
+
+    def gradients(config):
+        def loss(p):
+            logits = Transformer(config).apply({"params": p}, inputs, targets, **kw)
+            return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / weights.sum()
+
+        return np.concatenate([np.asarray(g).ravel() for g in jax.tree.leaves(jax.grad(loss)(params))])
+
+    reference, fused = gradients(base), gradients(dataclasses.replace(base, attention_impl="cudnn"))
+    np.testing.assert_allclose(fused, reference, atol=1e-6, rtol=1e-4)
+
+
+def bfloat16_case(packed: bool):
+    """The GPU tests' model (bfloat16, no dropout, heads 8 wide), parameters and batch: padded rows
+    and a filler row of padding alone, or the same rows packed (PACKED_BATCH's segments)."""
+    base = dataclasses.replace(TINY, dtype=jnp.bfloat16, dropout_rate=0.0, d_k=8, d_v=8)
+    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 4, 5, 6, 3, 0], [0] * 8])
+    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0], [4, 5, 6, 3, 7, 3, 0], [0] * 7])
+    kw = {k: jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)]) for k, a in PACKED_BATCH.items()}
+    return base, init(base), inputs, targets, kw if packed else {}
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")
 @pytest.mark.parametrize("packed", [False, True])
 def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu(packed):
-    base = dataclasses.replace(TINY, dtype=jnp.bfloat16, dropout_rate=0.0, d_k=8, d_v=8)
-    params = init(base)
-    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 0, 0, 0, 0, 0], [0] * 8])  # and a filler row
-    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0], [4, 5, 6, 3, 0, 0, 0], [0] * 7])
-    kw = {k: jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)]) for k, a in PACKED_BATCH.items()}
-    kw = kw if packed else {}
+    base, params, inputs, targets, kw = bfloat16_case(packed)
     xla = logits_of(base, params, inputs, targets, **kw)
     cudnn = logits_of(dataclasses.replace(base, attention_impl="cudnn"), params, inputs, targets, **kw)
     real = np.asarray((kw["targets_segmentation"] if packed else targets) != 0)[:, :, None]  # what the loss weighs
@@ -331,17 +360,14 @@ def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu(packed):
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")
 @pytest.mark.parametrize("packed", [False, True])
-def test_cudnn_gradients_are_finite_and_equal_xlas_in_bfloat16_on_a_gpu(packed):
-    """The training step's gradients through cuDNN's kernel: padding queries that saw no key made
-    them NaN (the base model's loss was NaN from step 2 on an H100), though the forward was right."""
+def test_cudnn_gradients_are_finite_and_as_close_to_float32_as_xlas_on_a_gpu(packed):
+    """The training step's gradients through cuDNN's kernel in bfloat16: finite (padding queries
+    that saw no key made them NaN: the base model's loss was NaN from step 2 on an H100, though
+    the forward was right), and as close to the float32 gradients as the reference's bfloat16 ones
+    (with jax's XLA kernel standing in on a CPU: 0.017 vs 0.111 padded, 0.047 vs 0.049 packed)."""
     import optax
 
-    base = dataclasses.replace(TINY, dtype=jnp.bfloat16, dropout_rate=0.0, d_k=8, d_v=8)
-    params = init(base)
-    inputs = jnp.array([[5, 6, 7, 8, 3, 0, 0, 0], [9, 10, 3, 4, 5, 6, 3, 0], [0] * 8])  # and a filler row
-    targets = jnp.array([[9, 10, 11, 12, 13, 3, 0], [4, 5, 6, 3, 7, 3, 0], [0] * 7])
-    kw = {k: jnp.concatenate([a, jnp.zeros((1, a.shape[1]), a.dtype)]) for k, a in PACKED_BATCH.items()}
-    kw = kw if packed else {}
+    base, params, inputs, targets, kw = bfloat16_case(packed)
     weights = ((kw["targets_segmentation"] if packed else targets) != 0).astype(jnp.float32)
 
     def gradients(config):
@@ -349,10 +375,10 @@ def test_cudnn_gradients_are_finite_and_equal_xlas_in_bfloat16_on_a_gpu(packed):
             logits = Transformer(config).apply({"params": p}, inputs, targets, **kw).astype(jnp.float32)
             return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / weights.sum()
 
-        return jax.tree.leaves(jax.grad(loss)(params))
+        return np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(jax.grad(loss)(params))])
 
+    exact = gradients(dataclasses.replace(base, dtype=jnp.float32))
     xla, cudnn = gradients(base), gradients(dataclasses.replace(base, attention_impl="cudnn"))
-    assert all(np.isfinite(np.asarray(g)).all() for g in cudnn)
-    for a, b in zip(xla, cudnn, strict=True):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        assert np.linalg.norm(a - b) <= 0.1 * np.linalg.norm(a) + 1e-6  # bf16, 2 layers: 5.3% seen on an H100
+    assert np.isfinite(cudnn).all()
+    error = lambda g: np.linalg.norm(g - exact)
+    assert error(cudnn) <= 2 * error(xla) + 0.02 * np.linalg.norm(exact)
