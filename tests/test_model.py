@@ -318,22 +318,14 @@ def test_auto_attention_changes_nothing_on_a_cpu_and_cudnn_is_refused_in_one_sen
 def test_the_fused_routes_gradients_equal_the_references_in_float32(packed, monkeypatch):
     """The training gradients through the cudnn route's arguments (odd lengths padded, padding
     queries seeing keys), jax's XLA kernel standing in on a CPU, against the hand-written attention."""
-    import optax
-
     kernel = fused_attention
     monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, _: kernel(q, k, v, mask, "xla"))
-    base, params, inputs, targets, kw = bfloat16_case(packed)
+    base, *case = bfloat16_case(packed)
     base = dataclasses.replace(base, dtype=jnp.float32)
-    weights = ((kw["targets_segmentation"] if packed else targets) != 0).astype(jnp.float32)
-
-    def gradients(config):
-        def loss(p):
-            logits = Transformer(config).apply({"params": p}, inputs, targets, **kw)
-            return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / weights.sum()
-
-        return np.concatenate([np.asarray(g).ravel() for g in jax.tree.leaves(jax.grad(loss)(params))])
-
-    reference, fused = gradients(base), gradients(dataclasses.replace(base, attention_impl="cudnn"))
+    reference, fused = (
+        loss_gradients(base, *case),
+        loss_gradients(dataclasses.replace(base, attention_impl="cudnn"), *case),
+    )
     np.testing.assert_allclose(fused, reference, atol=1e-6, rtol=1e-4)
 
 
@@ -347,13 +339,31 @@ def bfloat16_case(packed: bool):
     return base, init(base), inputs, targets, kw if packed else {}
 
 
+def loss_weights(targets, kw) -> jax.Array:
+    """1 where the loss weighs a target: a packed row's segments (`kw`), else its non-padding tokens."""
+    return ((kw["targets_segmentation"] if kw else targets) != 0).astype(jnp.float32)
+
+
+def loss_gradients(config, params, inputs, targets, kw) -> np.ndarray:
+    """The gradient of the (unsmoothed) cross-entropy over `loss_weights`, flattened, in float64."""
+    import optax
+
+    weights = loss_weights(targets, kw)
+
+    def loss(p):
+        logits = Transformer(config).apply({"params": p}, inputs, targets, **kw).astype(jnp.float32)
+        return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / weights.sum()
+
+    return np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(jax.grad(loss)(params))])
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (cuDNN fused attention)")
 @pytest.mark.parametrize("packed", [False, True])
 def test_cudnn_attention_equals_xla_in_bfloat16_on_a_gpu(packed):
     base, params, inputs, targets, kw = bfloat16_case(packed)
     xla = logits_of(base, params, inputs, targets, **kw)
     cudnn = logits_of(dataclasses.replace(base, attention_impl="cudnn"), params, inputs, targets, **kw)
-    real = np.asarray((kw["targets_segmentation"] if packed else targets) != 0)[:, :, None]  # what the loss weighs
+    real = np.asarray(loss_weights(targets, kw), bool)[:, :, None]
     np.testing.assert_allclose(np.where(real, cudnn, 0), np.where(real, xla, 0), atol=0.1, rtol=0.05)
     assert np.isfinite(cudnn).all()
 
@@ -365,20 +375,9 @@ def test_cudnn_gradients_are_finite_and_as_close_to_float32_as_xlas_on_a_gpu(pac
     that saw no key made them NaN: the base model's loss was NaN from step 2 on an H100, though
     the forward was right), and as close to the float32 gradients as the reference's bfloat16 ones
     (with jax's XLA kernel standing in on a CPU: 0.017 vs 0.111 padded, 0.047 vs 0.049 packed)."""
-    import optax
-
-    base, params, inputs, targets, kw = bfloat16_case(packed)
-    weights = ((kw["targets_segmentation"] if packed else targets) != 0).astype(jnp.float32)
-
-    def gradients(config):
-        def loss(p):
-            logits = Transformer(config).apply({"params": p}, inputs, targets, **kw).astype(jnp.float32)
-            return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights).sum() / weights.sum()
-
-        return np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(jax.grad(loss)(params))])
-
-    exact = gradients(dataclasses.replace(base, dtype=jnp.float32))
-    xla, cudnn = gradients(base), gradients(dataclasses.replace(base, attention_impl="cudnn"))
+    base, *case = bfloat16_case(packed)
+    exact = loss_gradients(dataclasses.replace(base, dtype=jnp.float32), *case)
+    xla, cudnn = loss_gradients(base, *case), loss_gradients(dataclasses.replace(base, attention_impl="cudnn"), *case)
     assert np.isfinite(cudnn).all()
     error = lambda g: np.linalg.norm(g - exact)
     assert error(cudnn) <= 2 * error(xla) + 0.02 * np.linalg.norm(exact)

@@ -153,7 +153,9 @@ def train_dataset(
     read them.
     """
     num_shards = data.num_shards or process_count
-    assert num_shards % process_count == 0 and rows % num_shards == 0, (num_shards, process_count, rows)  # validate
+    # shards per process: config.validate; rows per shard: rows_per_step rounds rows to a multiple of the
+    # shards (or, with num_shards 0, of the devices, themselves a multiple of the processes)
+    assert num_shards % process_count == 0 and rows % num_shards == 0, (num_shards, process_count, rows)
     per_process = num_shards // process_count
     length_filter = LengthFilter(data.max_length, data.overlong)
     packed = []
