@@ -179,6 +179,16 @@ def eight_device_workdir(tmp_path_factory, data_dir, corpus):
     return workdir
 
 
+def cut_short(state: Path, pattern: str = "*", keep: int = 100) -> list[Path]:
+    """Damage a checkpoint's `state` directory as a storage fault would: every file matching
+    `pattern` (under it, at any depth) larger than 1,000 bytes keeps only its first `keep` bytes.
+    The files cut, to be mended from a `snapshot`."""
+    cut = [path for path in state.rglob(pattern) if path.is_file() and path.stat().st_size > 1000]
+    for path in cut:
+        path.write_bytes(path.read_bytes()[:keep])
+    return cut
+
+
 def snapshot(path) -> dict[str, bytes] | None:
     """Every file under `path` by relative name ("" for `path` itself if it is a file), and every
     directory (b"<dir>"): compared byte for byte before and after a refusal. None if it is absent."""

@@ -5,7 +5,7 @@ import signal
 import sys
 
 import pytest
-from conftest import left_as_is, logged, snapshot, train_command
+from conftest import cut_short, left_as_is, logged, snapshot, train_command
 
 from fxformer import cli, configfile, exitcodes, train
 from fxformer.config import with_overrides
@@ -491,10 +491,7 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     workdir = tmp_path / "w"
     run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
     before = snapshot(workdir)
-    arrays = [p for p in (workdir / "checkpoints" / "4" / "state").rglob("*") if p.is_file()]
-    arrays = [p for p in arrays if p.stat().st_size > 1000]
-    for path in arrays:
-        path.write_bytes(path.read_bytes()[:100])  # truncate the array data
+    arrays = cut_short(workdir / "checkpoints" / "4" / "state")  # the array data truncated
     with left_as_is(workdir):  # config.json keeps the schedule the run trained with
         result = train(workdir, num_train_steps=8, learning_rate_scale=3.0)
     assert result.returncode == exitcodes.USER_ERROR and "is unreadable" in result.stderr, result.stderr[-2000:]
@@ -604,9 +601,7 @@ def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus)
     run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
     # Every data file cut short: which file holds the parameters varies from save to save, and
     # evaluate reads the parameters alone (damage to Adam's moments alone is rightly no error there).
-    for path in (workdir / "checkpoints" / "4" / "state").rglob("d/*"):
-        if path.is_file() and path.stat().st_size > 1000:
-            path.write_bytes(path.read_bytes()[:1000])
+    cut_short(workdir / "checkpoints" / "4" / "state", "d/*", keep=1000)
     evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=4"]
     resume = train_command(workdir, data_dir, num_train_steps=8)
     for argv in [evaluate] * 10 + [resume] * 10:
