@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -104,6 +105,11 @@ def _raised_in_checkpoint_io(tb) -> bool:
 CHECKPOINT_WRITE = ("OCDBT database", ".orbax-checkpoint-tmp")
 
 
+# orbax's coroutines that a failed save or restore leaves unawaited (their "coroutine ... was never
+# awaited" RuntimeWarning, at exit): a write's serialization, a damaged checkpoint's array metadata.
+ORBAX_COROUTINES = ("async_serialize", "Store._get_array_metadatas")
+
+
 # asyncio logs orbax's failed background writes when their tasks are collected; `check` and
 # `wait` report the failed save itself, in one sentence.
 def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
@@ -116,12 +122,13 @@ def _orbax_write_left_behind(record: logging.LogRecord) -> bool:
 
 
 def quiet_failed_saves() -> None:
-    """Silence what a failed background save leaves behind (closed event loops, never-awaited
-    writes, asyncio's "never retrieved"): `check` and `wait` report the failure in one sentence.
-    Part of `setup_process`."""
+    """Silence what a failed background save or a damaged checkpoint's restore leaves behind
+    (closed event loops, orbax's never-awaited coroutines, asyncio's "never retrieved"): fxformer
+    reports the failure in one sentence. Part of `setup_process`."""
     sys.excepthook = _quiet_checkpoint_leftovers(sys.excepthook)
     sys.unraisablehook = _quiet_checkpoint_leftovers(sys.unraisablehook)
-    warnings.filterwarnings("ignore", "coroutine 'async_serialize.*' was never awaited", RuntimeWarning)
+    names = "|".join(map(re.escape, ORBAX_COROUTINES))
+    warnings.filterwarnings("ignore", f"coroutine '({names}).*' was never awaited", RuntimeWarning)
     logging.getLogger("asyncio").addFilter(_keep_asyncio_record)
 
 
