@@ -61,6 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.tokens_per_batch = 25_000  # per side, global, per step (paper: ~25,000 + 25,000)
     config.data.eval_batch_size = 64  # sentences per evaluation batch, global
     config.data.shuffle_seed = 0
+    config.data.workers = 0  # grain processes making training batches (0 = in the training process)
+    config.data.device_prefetch = 0  # training batches placed on the devices ahead of their step (0 = off)
     config.data.num_shards = 0  # training-data shards (0 = one per process); a fixed count makes the
     # data order independent of the process count (a run still resumes only on as many processes)
 

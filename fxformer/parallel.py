@@ -8,6 +8,7 @@ gradients across all of them. Each process feeds only its own slice of the globa
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import jax
@@ -95,3 +96,45 @@ def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, ja
 def any_process(flags: np.ndarray) -> np.ndarray:
     """Element-wise OR of a small boolean vector over every process (a tiny collective)."""
     return multihost_utils.process_allgather(flags).reshape(-1, flags.shape[-1]).any(axis=0)
+
+
+class GlobalBatches:
+    """Training batches as global arrays on the devices: this process's batches from `batches` (a
+    grain iterator), each placed by `global_batch`, `ahead` of them (0 = none) placed before their
+    step comes, so that the copy to the devices overlaps the step before (asynchronous dispatch).
+
+    Its state (`get_state`, `set_state`, as orbax's grain handler saves it) is the iterator's at
+    the next batch the loop has not taken: batches placed ahead are made again after a restore.
+    """
+
+    def __init__(self, mesh: Mesh, batches, ahead: int = 0):
+        self.mesh, self.batches, self.ahead = mesh, batches, ahead
+        self.placed: list[tuple[dict, dict, dict]] = []  # (state before, local batch, global batch)
+
+    def __iter__(self):
+        return self
+
+    def _place(self) -> None:
+        state = self.batches.get_state() if self.ahead else None
+        local = next(self.batches)
+        self.placed.append((state, local, global_batch(self.mesh, local)))
+
+    def __next__(self) -> tuple[dict[str, np.ndarray], dict[str, jax.Array]]:
+        """(this process's rows, the global batch) of the next step."""
+        if not self.placed:
+            self._place()
+        _, local, placed = self.placed.pop(0)
+        while len(self.placed) < self.ahead:
+            self._place()
+        return local, placed
+
+    def get_state(self) -> bytes:
+        state = self.placed[0][0] if self.placed else self.batches.get_state()
+        return json.dumps(state, indent=4).encode()
+
+    def set_state(self, state: bytes) -> None:
+        self.placed.clear()
+        self.batches.set_state(json.loads(state))
+
+    def start_prefetch(self) -> None:  # orbax's grain handler calls it after a restore
+        pass

@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, cli, exitcodes, inference, optim, parallel, paths, trainstate
 from fxformer.config import check_workdir_config, load_workdir_config, validate, write_workdir_config
-from fxformer.data import corpora, pipeline, tokenizer_for
+from fxformer.data import corpora, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
 from fxformer.metrics import MetricWriter, Progress, per_token
 from fxformer.trainstate import TrainState
@@ -78,14 +78,16 @@ def train_step(
 
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print):
-    """(builder, tokenizer): process 0 builds the dataset and tokenizer, the others wait and load them."""
+    """(builder, tokenizer, folder of the token ids): process 0 builds the dataset, the tokenizer
+    and the stored token ids, the others wait and find them."""
     if jax.process_index() == 0:
         builder = corpora.prepare(config.data, log=log)
-        tokenizer_for(config.data, builder, workdir, log=log)
+        token_ids(config.data, builder, tokenizer_for(config.data, builder, workdir, log=log), log=log)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("fxformer: data prepared")
     builder = corpora.prepare(config.data, log=log)
-    return builder, tokenizer_for(config.data, builder, workdir, log=log)
+    tokenizer = tokenizer_for(config.data, builder, workdir, log=log)
+    return builder, tokenizer, token_ids(config.data, builder, tokenizer, log=log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,21 +201,21 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     """The run itself, once its config is accepted: data, model, restore or start, then the loop
     (step, log, evaluate, save, stop); a refusal up to the first step still leaves nothing."""
     mesh = parallel.data_mesh()
-    builder, tokenizer = prepare_data(config, workdir, log)
-    train_source = corpora.data_source(builder, config.data.train_split)
-    pipeline.check_lengths(train_source, tokenizer, config.data, log)
+    builder, tokenizer, ids = prepare_data(config, workdir, log)
+    train_pairs = len(tokenized.load(ids, config.data.train_split))
+    pipeline.check_lengths(tokenized.load(ids, config.data.train_split), config.data, log)
     model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
     jit_train_step = compile_train_step(config, model, tx, mesh)
     jit_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
 
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
-    train_ds, length_filter = pipeline.train_dataset(
-        train_source, tokenizer, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
+    train_ds, lengths = pipeline.train_dataset(
+        ids, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
     )
-    data_iterator = iter(train_ds)
+    data_iterator = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch)
     dev_source = corpora.data_source(builder, config.data.eval_split)
-    dev_examples = pipeline.tokenize_split(
-        dev_source, tokenizer, config.data, config.eval_batches * config.data.eval_batch_size
+    dev_examples = tokenized.load(ids, config.data.eval_split).examples(
+        config.eval_batches * config.data.eval_batch_size
     )
     measures_bleu = config.dev_bleu_every_steps > 0
     dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if measures_bleu else None
@@ -236,9 +238,9 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
         step = total  # skip the loop; the returned state is the checkpoint's
     try:
         while step < total:
-            local = next(data_iterator)
+            local, batch = next(data_iterator)
             progress.pairs += pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
-            state, metrics = jit_train_step(state, parallel.global_batch(mesh, local))
+            state, metrics = jit_train_step(state, batch)
             step += 1
             pending.append(metrics)
             if progress.window is None:  # the first step compiles; measure speed from the second on
@@ -261,7 +263,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
             if (due.dev_loss or due.dev_bleu) and early_stop(config, best, step, logged, state.params, stop, log):
                 due = due._replace(save=True, stop=True)
             if logged:
-                epoch = pipeline.epoch_size(len(train_source), length_filter)
+                epoch = pipeline.epoch_size(train_pairs, lengths)
                 writer.write(step, progress.record(logged, steps, epoch))
             if progress.console_due(bool(logged)):
                 shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
@@ -294,8 +296,8 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
         best.close()
         if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
             writer.close()
-    if length_filter.overlong_pairs:
-        log(f"length filter: {length_filter.report()}")
+    if lengths.overlong_pairs:
+        log(f"length filter: {lengths.report()}")
     return state
 
 

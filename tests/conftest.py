@@ -35,7 +35,7 @@ from etils import epath  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from fxformer import configfile  # noqa: E402
-from fxformer.data import corpora, tokenizer_for  # noqa: E402
+from fxformer.data import corpora, token_ids, tokenizer_for  # noqa: E402
 
 # Tests that run fxformer's commands end to end (subprocesses), or compile the model many times,
 # carry `@pytest.mark.slow`: `python -m pytest -m "not slow"` runs the rest in under a minute
@@ -99,6 +99,13 @@ def corpus(data_dir):
     config = small_config(data_dir)
     builder = corpora.prepare(config.data)
     return config, builder, tokenizer_for(config.data, builder)
+
+
+@pytest.fixture(scope="session")
+def corpus_ids(corpus):
+    """The folder of the small corpus's stored token ids (train, validation, test)."""
+    config, builder, tokenizer = corpus
+    return token_ids(config.data, builder, tokenizer, log=lambda *a: None)
 
 
 # A tiny model on the small corpus, as command-line overrides of configs/default.py.

@@ -13,7 +13,7 @@ from conftest import left_as_is, small_config
 from tensorflow_datasets.translate import wmt14
 
 from fxformer.config import validate
-from fxformer.data import corpora, pipeline, tokenizer_for
+from fxformer.data import corpora, packing, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.tokens import EOS_ID, PAD_ID
 
 
@@ -55,23 +55,9 @@ def test_tokenizer_round_trips_the_corpus_with_distinct_special_ids(corpus):
                 assert tokenizer.decode(ids) == sentence
 
 
-def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus):
-    config, builder, tokenizer = corpus
-    data = config.data.copy_and_resolve_references()  # the fixture is shared: change a copy
-    data.overlong = "drop"
-    data.max_length = 20  # some pairs are longer and must be dropped
-    source = corpora.data_source(builder, "validation")
-    examples, length_filter = pipeline.train_examples(source, tokenizer, data, seed=3, num_epochs=1)
-    batches = list(pipeline.pack(examples.to_iter_dataset(), data.max_length, rows=4, seed=3, drop_remainder=False))
-    # Independently: tokenize every pair, keep those that fit.
-    expected = Counter()
-    for i in range(len(source)):
-        src = tuple(tokenizer.encode(source[i]["en"].decode()))
-        tgt = tuple(tokenizer.encode(source[i]["de"].decode()))
-        if max(len(src), len(tgt)) <= data.max_length:
-            expected[src, tgt] += 1
-    assert 0 < length_filter.overlong_pairs == len(source) - sum(expected.values())
-    # Rebuild each packed example from its segment id; positions must count 0, 1, 2, ...
+def unpacked(batches: list[dict]) -> Counter:
+    """Every packed example of `batches`, rebuilt from its segment ids, as (inputs, targets); asserts
+    that padding is PAD and positions count 0, 1, 2, ... in every example."""
     found = Counter()
     for batch in batches:
         for row in range(batch["inputs"].shape[0]):
@@ -84,7 +70,59 @@ def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus):
                     segments.setdefault(s, {})[side] = tuple(tok[seg == s])
             for parts in segments.values():
                 found[parts["inputs"], parts["targets"]] += 1
-    assert found == expected
+    return found
+
+
+def one_epoch(ids, split: str, data, rows: int, shard: int = 0, num_shards: int = 1) -> list[dict]:
+    load = lambda: tokenized.load(ids, split)
+    packer = packing.Shard(load, shard, num_shards, rows, data.max_length, data.overlong, seed=3)
+    return [packer[k] for k in range(packer.plan(0).batches)]
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus, corpus_ids, overlong):
+    config, builder, tokenizer = corpus
+    data = config.data.copy_and_resolve_references()  # the fixture is shared: change a copy
+    data.overlong, data.max_length = overlong, 20  # some pairs are longer: dropped or truncated
+    source = corpora.data_source(builder, "validation")
+    # Independently: tokenize every pair from its text; keep those that fit, or cut them to 19 + EOS.
+    expected, overlong_pairs = Counter(), 0
+    for i in range(len(source)):
+        src, tgt = (list(tokenizer.encode(source[i][lang].decode())) for lang in ("en", "de"))
+        if max(len(src), len(tgt)) <= data.max_length:
+            expected[tuple(src), tuple(tgt)] += 1
+        elif overlong == "truncate":
+            cut = lambda ids: tuple(ids[:19] + [EOS_ID]) if len(ids) > 20 else tuple(ids)
+            expected[cut(src), cut(tgt)] += 1
+        overlong_pairs += max(len(src), len(tgt)) > data.max_length
+    assert overlong_pairs > 0
+    assert unpacked(one_epoch(corpus_ids, "validation", data, rows=4)) == expected
+
+
+def test_stored_ids_are_the_tokenized_text(corpus, corpus_ids):
+    config, builder, tokenizer = corpus
+    for split in ("train", "validation", "test"):
+        stored = tokenized.load(corpus_ids, split).examples()
+        source = corpora.data_source(builder, split)
+        assert len(stored) == len(source)
+        for example, i in zip(stored, range(len(source))):
+            for side, lang in (("inputs", "en"), ("targets", "de")):
+                np.testing.assert_array_equal(example[side], tokenizer.encode(source[i][lang].decode()))
+
+
+def test_another_tokenizer_or_corpus_gets_its_own_stored_ids(tmp_path, corpus, corpus_ids):
+    config, builder, tokenizer = corpus
+    other = tokenizer_for(small_config(config.data.tfds_data_dir, vocab_size=200).data, builder)  # another BPE model
+    assert other.path != tokenizer.path
+    sources = {"test": corpora.data_source(builder, "test")}
+    where = tokenized.build(builder.data_dir, other, sources, "en", "de", log=lambda *a: None)
+    assert where != corpus_ids and where.parent == corpus_ids.parent
+    first = corpora.data_source(builder, "test")[0]["en"].decode()
+    np.testing.assert_array_equal(tokenized.load(where, "test").examples(1)[0]["inputs"], other.encode(first))
+    config = small_config(tmp_path, num_train=300)  # another corpus: its own dataset folder, its own ids
+    builder = corpora.prepare(config.data)
+    built = token_ids(config.data, builder, tokenizer_for(config.data, builder), log=lambda *a: None)
+    assert tmp_path in built.parents and len(tokenized.load(built, "train")) == 300
 
 
 @pytest.mark.parametrize("by_length", [False, True])
@@ -120,40 +158,52 @@ def test_eval_batches_cover_every_example_exactly_once(corpus, process_count, by
         assert widths[0] == want and want[-1] < want[0]
 
 
-def test_same_seed_same_batches_and_another_seed_others(corpus):
-    config, builder, tokenizer = corpus
-    source = corpora.data_source(builder, "train")
-    make = lambda seed: iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed)[0])
+def test_same_seed_same_batches_and_another_seed_others(corpus, corpus_ids):
+    config, _, _ = corpus
+    make = lambda seed: iter(pipeline.train_dataset(corpus_ids, config.data, 8, seed)[0])
     a, b, c = first_batches(make(0), 5), first_batches(make(0), 5), first_batches(make(1), 5)
     assert_same_batches(a, b)
     assert not np.array_equal(a[0]["inputs"], c[0]["inputs"])
 
 
-@pytest.mark.slow  # runs the pipeline twice
-def test_restored_iterator_continues_as_if_never_stopped(corpus):
-    config, builder, tokenizer = corpus
-    source = corpora.data_source(builder, "train")
-    make = lambda: iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed=5)[0])
-    uninterrupted = first_batches(make(), 400)  # past the end of the first epoch (~320 batches)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_restored_iterator_continues_as_if_never_stopped(corpus, corpus_ids, workers):
+    config, _, _ = corpus
+    data = config.data.copy_and_resolve_references()
+    data.workers = workers
+
+    def make():
+        return iter(pipeline.train_dataset(corpus_ids, data, 8, seed=5)[0])
+
+    epoch = one_epoch_batches(corpus_ids, data)
+    uninterrupted = first_batches(make(), epoch + 30)  # past the end of the first epoch
     stopped = make()
-    first_batches(stopped, 150)
+    first_batches(stopped, epoch - 10)
     state = stopped.get_state()
     resumed = make()
-    resumed.set_state(state)
-    assert_same_batches(first_batches(resumed, 250), uninterrupted[150:])
+    resumed.set_state(json.loads(json.dumps(state)))
+    assert_same_batches(first_batches(resumed, 40), uninterrupted[epoch - 10 :])
+    if workers:  # the workers make the batches the training process would have made
+        in_process = iter(pipeline.train_dataset(corpus_ids, config.data, 8, seed=5)[0])
+        assert_same_batches(uninterrupted, first_batches(in_process, epoch + 30))
 
 
-def test_process_shards_are_disjoint_and_complete(corpus):
+def one_epoch_batches(ids, data, rows: int = 8) -> int:
+    shard = packing.Shard(lambda: tokenized.load(ids, "train"), 0, 1, rows, data.max_length, data.overlong, seed=5)
+    return shard.plan(0).batches
+
+
+def test_process_shards_are_disjoint_and_complete(corpus, corpus_ids):
     config, builder, tokenizer = corpus
-    source = corpora.data_source(builder, "validation")
     data = config.data.copy_and_resolve_references()
     data.max_length = 128  # keep every pair
-    seen = []
-    for p in range(2):
-        ds, _ = pipeline.train_examples(source, tokenizer, data, 0, p, process_count=2, num_epochs=1)
-        seen += [tuple(e["inputs"]) for e in ds.to_iter_dataset()]
-    assert len(seen) == 100
-    assert Counter(seen) == Counter(tuple(tokenizer.encode(t)) for t in texts(builder, "validation", "en"))
+    seen = Counter()
+    for shard in range(2):
+        seen += unpacked(one_epoch(corpus_ids, "validation", data, rows=4, shard=shard, num_shards=2))
+    assert sum(seen.values()) == 100
+    assert Counter(src for src, _ in seen.elements()) == Counter(
+        tuple(tokenizer.encode(t)) for t in texts(builder, "validation", "en")
+    )
 
 
 class FakeWmt14(wmt14.Wmt14Translate, skip_registration=True):
@@ -176,8 +226,8 @@ def test_wmt14_path_produces_batches_from_generated_data(tmp_path):
     assert type(builder).__name__ == "Wmt14Translate" and builder.info.supervised_keys == ("de", "en")
     tokenizer = tokenizer_for(config.data, builder, tmp_path / "work")
     assert (tmp_path / "work" / "tokenizer.model").exists()
-    source = corpora.data_source(builder, "train")
-    batch = next(iter(pipeline.train_dataset(source, tokenizer, config.data, 8, seed=0)[0]))
+    ids = token_ids(config.data, builder, tokenizer, log=lambda *a: None)
+    batch = next(iter(pipeline.train_dataset(ids, config.data, 8, seed=0)[0]))
     assert batch["inputs"].shape == (8, 32) and (batch["inputs_segment_ids"] > 0).mean() > 0.5
     row = batch["inputs"][0][batch["inputs_segment_ids"][0] == 1]
     assert tokenizer.decode(row).startswith("This is sentence")  # en is the source, as in the paper
@@ -219,33 +269,33 @@ def test_missing_data_is_one_sentence(tmp_path):
     assert result.stderr.strip() == f"error: data.source_file '{tmp_path}/nope.en' does not exist."
 
 
-def test_grain_iterator_state_is_json(corpus):
-    config, builder, tokenizer = corpus
-    it = iter(pipeline.train_dataset(corpora.data_source(builder, "train"), tokenizer, config.data, 8, 0)[0])
+def test_grain_iterator_state_is_json(corpus, corpus_ids):
+    config, _, _ = corpus
+    it = iter(pipeline.train_dataset(corpus_ids, config.data, 8, 0)[0])
     next(it)
     assert json.loads(json.dumps(it.get_state())) == it.get_state()
 
 
-def test_a_length_limit_that_keeps_no_pair_is_refused_before_training(corpus, monkeypatch):
+def test_a_length_limit_that_keeps_no_pair_is_refused_before_training(corpus, corpus_ids):
     config, builder, tokenizer = corpus
-    monkeypatch.setattr(pipeline, "LENGTH_SAMPLE", 10_000)  # every pair of the 3,000
     source = builder.as_data_source(split="train")
     lengths = []  # the longer side of every pair, counted independently of check_lengths
     for record in source:
         ids = [tokenizer.encode(record[lang].decode()) for lang in ("en", "de")]
         lengths.append(max(len(x) for x in ids))
+    split = tokenized.load(corpus_ids, "train")
     data = config.data.copy_and_resolve_references()
     data.max_length = min(lengths) - 1  # below every pair: training could never fill a batch
     with pytest.raises(pipeline.UserError, match=f"keeps none of all {len(source):,} training pairs"):
-        pipeline.check_lengths(source, tokenizer, data)
+        pipeline.check_lengths(split, data)
     said = []
     data.max_length = int(np.percentile(lengths, 25))  # drops most pairs: said at the start
-    pipeline.check_lengths(source, tokenizer, data, log=said.append)
+    pipeline.check_lengths(split, data, log=said.append)
     kept = sum(length <= data.max_length for length in lengths)
     assert len(said) == 1 and f"({kept:,} of {len(source):,} kept)" in said[0]
     said.clear()
     data.max_length = max(lengths)  # keeps them all: nothing to say
-    pipeline.check_lengths(source, tokenizer, data, log=said.append)
+    pipeline.check_lengths(split, data, log=said.append)
     assert said == []
 
 

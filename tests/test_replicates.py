@@ -20,7 +20,7 @@ from experiments import __main__ as experiments_main
 from experiments import report, runner, stats
 from experiments.context import Context, Replicate
 from fxformer import exitcodes, optim, trainstate
-from fxformer.data import pipeline
+from fxformer.data import pipeline, token_ids
 from fxformer.model import Transformer, TransformerConfig
 
 
@@ -144,8 +144,8 @@ def test_a_replicate_sets_both_seeds():
 
 def first_batch(corpus, shuffle_seed: int) -> dict:
     config, builder, tokenizer = corpus
-    source = builder.as_data_source(split="train")
-    batches, _ = pipeline.train_dataset(source, tokenizer, config.data, rows=8, seed=shuffle_seed)
+    ids = token_ids(config.data, builder, tokenizer, log=lambda *a: None)
+    batches, _ = pipeline.train_dataset(ids, config.data, rows=8, seed=shuffle_seed)
     return next(iter(batches))
 
 

@@ -11,13 +11,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import psutil
 import pytest
 from conftest import TINY, env_with_devices, final_params, logged, run_train, small_config, train_command
 from jax.sharding import AxisType, Mesh
 
 from fxformer import exitcodes, optim, parallel, train, trainstate
 from fxformer.config import with_overrides
-from fxformer.data import corpora, pipeline
+from fxformer.data import pipeline
 from fxformer.model import Transformer, TransformerConfig
 
 # ---------------------------------------------------------------------------------------------
@@ -107,10 +108,9 @@ def one_step(config, batch, devices, accum=1):
 
 
 @pytest.fixture(scope="module")
-def packed_batch(corpus):
-    config, builder, tokenizer = corpus
-    source = corpora.data_source(builder, "train")
-    return next(iter(pipeline.train_dataset(source, tokenizer, config.data, 16, seed=0)[0]))
+def packed_batch(corpus, corpus_ids):
+    config, _, _ = corpus
+    return next(iter(pipeline.train_dataset(corpus_ids, config.data, 16, seed=0)[0]))
 
 
 def tiny_config(data_dir, **overrides):
@@ -168,26 +168,40 @@ def read_tensorboard_scalars(logdir, tag):
     return values
 
 
-@pytest.mark.slow
-def test_resume_after_sigkill_is_exact(tmp_path, data_dir, corpus):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, data_dir, corpus):
+    """60 steps without interruption, batches made in the training process, none placed ahead."""
+    straight = tmp_path_factory.mktemp("straight")
     run_train(straight, data_dir, num_train_steps=60, checkpoint_every_steps=30)
+    return straight
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline_flags", [{}, {"data.workers": 1, "data.device_prefetch": 2}], ids=["off", "on"])
+def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipeline_flags):
+    """Killed at a random step after its first checkpoint and resumed, a run trains exactly as one
+    never stopped; with grain workers and batches placed ahead of their step too."""
+    straight, killed = straight_run, tmp_path / "killed"
     events = read_tensorboard_scalars(straight / "tensorboard", "loss")
     assert sorted(events) == list(range(1, 61))
     for step, value in logged(straight).items():
         assert events[step] == pytest.approx(value, rel=1e-6)  # TensorBoard stores float32
     process = subprocess.Popen(
-        train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30),
+        train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30, **pipeline_flags),
         env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.time() + 300
     while not (killed / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists():
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.02)
+    workers = psutil.Process(process.pid).children(recursive=True)  # grain's, if any
+    assert len(workers) >= pipeline_flags.get("data.workers", 0)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
     assert 30 <= max(logged(killed)) < 60  # killed part-way, after the step-30 checkpoint
-    result = run_train(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive  # no worker outlives the training process
+    result = run_train(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30, **pipeline_flags)
     assert "resumed from" in result.stdout
     a, b = logged(straight), logged(killed)
     assert sorted(b) == list(range(1, 61))

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 
 from fxformer import paths
-from fxformer.data import corpora
+from fxformer.data import corpora, tokenized
 from fxformer.data.tokenizer import Tokenizer, cached_tokenizer
 
 
@@ -32,3 +32,11 @@ def tokenizer_for(
     name = f"tokenizer-bpe{data.vocab_size}-{data.source_lang}{data.target_lang}-{data.tokenizer_sentences}.model"
     cache = paths.as_path(builder.data_dir) / name
     return cached_tokenizer(cache, sentences, data.vocab_size, data.tokenizer_sentences, workdir, log=log)
+
+
+def token_ids(data: ml_collections.ConfigDict, builder, tokenizer: Tokenizer, log=print):
+    """The folder of the dataset's token ids for `tokenizer` (`fxformer.data.tokenized`): the
+    train, dev and test splits tokenized once, beside the dataset, then found."""
+    splits = dict.fromkeys((data.train_split, data.eval_split, data.test_split))
+    sources = {split: corpora.data_source(builder, split) for split in splits}
+    return tokenized.build(builder.data_dir, tokenizer, sources, data.source_lang, data.target_lang, log=log)

@@ -14,7 +14,7 @@ import numpy as np
 
 from fxformer import cli
 from fxformer.config import validate
-from fxformer.data import baseline, corpora, pipeline, tokenizer_for
+from fxformer.data import baseline, corpora, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
 
 BINS = [0, 8, 16, 32, 64, 128, 256, 512, 1024, 10**9]
@@ -49,18 +49,20 @@ def main() -> None:
     print(f"dataset: {builder.name}/{builder.builder_config.name} in {builder.data_dir}")
     print(f"tokenizer: {tokenizer.path} ({tokenizer.vocab_size:,} pieces)")
 
+    ids = token_ids(data, builder, tokenizer)
+    print(f"token ids: {ids}")
     splits = [data.train_split, data.eval_split, data.test_split]
     sources = {split: corpora.data_source(builder, split) for split in splits}
     print(f"\n| split | pairs | source tokens | target tokens | longer than {data.max_length} |")
     print("|---|---|---|---|---|")
     train_lengths = None
-    for split, source in sources.items():
-        examples = pipeline.tokenize_split(source, tokenizer, data, args.limit)
-        src = np.array([len(e["inputs"]) for e in examples])
-        tgt = np.array([len(e["targets"]) for e in examples])
+    for split in sources:
+        stored = tokenized.load(ids, split)
+        n = len(stored) if args.limit <= 0 else min(args.limit, len(stored))
+        src, tgt = stored.inputs.lengths[:n], stored.targets.lengths[:n]
         longer = int((np.maximum(src, tgt) > data.max_length).sum())
-        counted = f" (first {len(examples):,} counted)" if len(examples) < len(source) else ""
-        print(f"| {split} | {len(source):,}{counted} | {src.sum():,} | {tgt.sum():,} | {longer:,} |")
+        counted = f" (first {n:,} counted)" if n < len(stored) else ""
+        print(f"| {split} | {len(stored):,}{counted} | {src.sum():,} | {tgt.sum():,} | {longer:,} |")
         if split == data.train_split:
             train_lengths, train_longer = np.maximum(src, tgt), longer
     print(f"\nlength histogram ({data.train_split}, tokens of the longer side, EOS included):")
@@ -69,7 +71,7 @@ def main() -> None:
     print(f"length filter: max_length {data.max_length} {verb} {train_longer:,} of {len(train_lengths):,} pairs")
 
     rows = pipeline.rows_per_step(data, 1)
-    ds, _ = pipeline.train_dataset(sources[data.train_split], tokenizer, data, rows, seed=0)
+    ds, _ = pipeline.train_dataset(ids, data, rows, seed=0)
     real = {"inputs": 0, "targets": 0}
     batches = iter(ds)
     for _ in range(args.packing_batches):

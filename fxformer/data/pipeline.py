@@ -1,9 +1,11 @@
-"""The grain input pipeline: records -> token ids -> packed training rows / padded eval batches.
+"""The grain input pipeline: token ids -> packed training rows / padded eval batches.
 
-Training: shard(process) - shuffle(seed, reshuffled every epoch) - tokenize - length filter -
-pack into fixed-length rows with segment ids and positions - batch to a token budget.
-The iterator's state (`get_state`/`set_state`) is saved with each checkpoint, so a resumed
-run sees exactly the batches it would have seen.
+Training reads the token ids stored at preparation (`fxformer.data.tokenized`), never text:
+shard(process) - shuffle(seed, reshuffled every epoch) - length filter - pack into
+fixed-length rows with segment ids and positions (`fxformer.data.packing`) - a batch per step,
+made in this process or in `data.workers` grain processes. The iterator's state
+(`get_state`/`set_state`) is saved with each checkpoint, so a resumed run sees exactly the
+batches it would have seen.
 
 Evaluation: every example exactly once, in order, padded (not packed), the last partial batch
 filled with empty rows whose `example_mask` is 0.
@@ -11,38 +13,35 @@ filled with empty rows whose `example_mask` is 0.
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import functools
 import math
-import threading
+import os
+import signal
 from collections.abc import Iterator
 
 import grain
 import ml_collections
 import numpy as np
+from absl import flags as absl_flags
 
+from fxformer import paths
+from fxformer.data import packing, tokenized
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.tokens import EOS_ID, PAD_ID
 
 
-class LengthFilter:
-    """Drops or truncates pairs longer than `max_length` tokens on either side, and counts them."""
+@dataclasses.dataclass(frozen=True)
+class LengthReport:
+    """What `data.max_length` does to a process's training pairs: `seen` of them, `overlong_pairs`
+    longer than `max_length` on either side, dropped or truncated (`overlong`)."""
 
-    def __init__(self, max_length: int, overlong: str):
-        assert overlong in ("drop", "truncate"), overlong  # fxformer.config.validate refuses others
-        self.max_length, self.overlong = max_length, overlong
-        self.seen = self.overlong_pairs = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, example: dict) -> dict | None:
-        too_long = max(len(example["inputs"]), len(example["targets"])) > self.max_length
-        with self._lock:
-            self.seen += 1
-            self.overlong_pairs += too_long
-        if not too_long:
-            return example
-        if self.overlong == "drop":
-            return None
-        return {key: _truncate(ids, self.max_length) for key, ids in example.items()}
+    max_length: int
+    overlong: str
+    seen: int
+    overlong_pairs: int
 
     def report(self) -> str:
         verb = "dropped" if self.overlong == "drop" else "truncated"
@@ -66,32 +65,24 @@ def tokenize_fn(tokenizer: Tokenizer, source_lang: str, target_lang: str):
     return tokenize
 
 
-LENGTH_SAMPLE = 2000  # training pairs tokenized before training to see what the length filter keeps
-
-
-def check_lengths(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict, log=print) -> None:
-    """Before training: tokenize up to LENGTH_SAMPLE training pairs spread over the split, refuse in
-    one sentence a `data.max_length` that keeps none of them (training could never fill a batch),
-    and say at the start, not at the end, when it drops more than half."""
-    if data.overlong != "drop" or len(source) == 0:
+def check_lengths(split: tokenized.Split, data: ml_collections.ConfigDict, log=print) -> None:
+    """Before training, from the stored lengths of every training pair: refuse in one sentence a
+    `data.max_length` that keeps none of them (training could never fill a batch), and say at the
+    start, not at the end, when it drops more than half."""
+    if data.overlong != "drop" or len(split) == 0:
         return
-    count = min(len(source), LENGTH_SAMPLE)
-    tokenize = tokenize_fn(tokenizer, data.source_lang, data.target_lang)
-    examples = [tokenize(source[int(i)]) for i in np.linspace(0, len(source) - 1, count).astype(int)]
-    length_filter = LengthFilter(data.max_length, data.overlong)  # the rule training applies
-    kept = sum(length_filter(example) is not None for example in examples)
-    sampled = f"all {count:,}" if count == len(source) else f"a sample of {count:,}"
+    longer = np.maximum(split.inputs.lengths, split.targets.lengths)  # EOS included
+    count, kept = len(longer), int((longer <= data.max_length).sum())
     if kept == 0:
         raise UserError(
-            f"data.max_length={data.max_length} keeps none of {sampled} training pairs (the shortest has "
-            f"{min(max(len(e['inputs']), len(e['targets'])) for e in examples)} tokens on its longer side, "
-            "EOS included), so training could never fill a batch; "
+            f"data.max_length={data.max_length} keeps none of all {count:,} training pairs (the shortest has "
+            f"{int(longer.min())} tokens on its longer side, EOS included), so training could never fill a batch; "
             f"raise data.max_length or set data.overlong=truncate."
         )
     if kept < count / 2:
         share = 100 * (count - kept) / count
         log(
-            f"warning: data.max_length={data.max_length} drops {share:.0f}% of {sampled} training pairs "
+            f"warning: data.max_length={data.max_length} drops {share:.0f}% of all {count:,} training pairs "
             f"({kept:,} of {count:,} kept); raise it or set data.overlong=truncate to train on more of them"
         )
 
@@ -104,69 +95,68 @@ def rows_per_step(data: ml_collections.ConfigDict, num_devices: int, grad_accum_
     return unit * math.ceil(rows / unit)
 
 
-def train_examples(
-    source,
-    tokenizer: Tokenizer,
-    data: ml_collections.ConfigDict,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    num_epochs: int | None = None,
-    length_filter: LengthFilter | None = None,
-) -> tuple[grain.MapDataset, LengthFilter]:
-    """Shard `process_index` of `process_count` of the training pairs, shuffled every epoch, tokenized, filtered."""
-    length_filter = length_filter or LengthFilter(data.max_length, data.overlong)
-    ds = grain.MapDataset.source(source)[process_index::process_count]
-    ds = ds.shuffle(seed=seed).repeat(num_epochs)  # a new permutation every epoch
-    ds = ds.map(tokenize_fn(tokenizer, data.source_lang, data.target_lang))
-    ds = ds.map(length_filter).filter(lambda example: example is not None)
-    return ds, length_filter
+ENDLESS = 1 << 62  # batch indices: training never runs out
 
 
-def pack(examples: grain.IterDataset, max_length: int, rows: int, seed: int, drop_remainder: bool = True):
-    """Pack examples into batches of `rows` rows of `max_length` slots (first fit over `rows` bins).
+class ProcessBatches:
+    """A process's batch k: batch k of each of its shards, their rows stacked (picklable, for grain workers)."""
 
-    Keys: inputs, targets, and for each their `_segment_ids` (1, 2, ... per packed example,
-    0 = padding) and `_positions` (restarting at 0 in every example).
-    """
-    lengths = {"inputs": max_length, "targets": max_length}
-    packed = grain.experimental.FirstFitPackIterDataset(
-        examples, length_struct=lengths, num_packing_bins=rows, seed=seed, shuffle_bins=True
-    )
-    return packed.batch(rows, drop_remainder=drop_remainder)
+    def __init__(self, shards: list[packing.Shard]):
+        self.shards = shards
+
+    def __call__(self, k: int) -> dict[str, np.ndarray]:
+        parts = [shard[k] for shard in self.shards]
+        return parts[0] if len(parts) == 1 else {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def die_with_parent(worker_index: int, worker_count: int) -> None:
+    """In a grain worker: end when the training process ends, even by `kill -9` (Linux; elsewhere
+    grain's own check of its parent stops it later)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(0)
 
 
 def train_dataset(
-    source,
-    tokenizer: Tokenizer,
+    ids: paths.PathLike,
     data: ml_collections.ConfigDict,
     rows: int,
     seed: int,
     process_index: int = 0,
     process_count: int = 1,
-) -> tuple[grain.IterDataset, LengthFilter]:
-    """Endless packed training batches for this process: [rows / process_count, max_length] arrays.
+) -> tuple[grain.IterDataset, LengthReport]:
+    """Endless packed training batches for this process, [rows / process_count, max_length] arrays,
+    from the token ids stored in the folder `ids` (`fxformer.data.tokenized`).
 
-    The records are split into `data.num_shards` shards (0 = one per process); each shard is
-    shuffled, tokenized and packed into its share of the rows, and a process reads only its own
-    shards. With a fixed shard count the global batches do not depend on how many processes
-    read them.
+    The training pairs are split into `data.num_shards` shards (0 = one per process); each shard
+    is shuffled every epoch and packed into its share of the rows (`fxformer.data.packing`), and a
+    process reads only its own shards. With a fixed shard count the global batches do not depend
+    on how many processes read them. Batch k is a pure function of k, so `data.workers` grain
+    processes can make them in parallel, and the iterator's state is the next k.
     """
     num_shards = data.num_shards or process_count
     # shards per process: config.validate; rows per shard: rows_per_step rounds rows to a multiple of the
     # shards (or, with num_shards 0, of the devices, themselves a multiple of the processes)
     assert num_shards % process_count == 0 and rows % num_shards == 0, (num_shards, process_count, rows)
     per_process = num_shards // process_count
-    length_filter = LengthFilter(data.max_length, data.overlong)
-    packed = []
-    for shard in range(process_index * per_process, (process_index + 1) * per_process):
-        examples, _ = train_examples(source, tokenizer, data, seed, shard, num_shards, length_filter=length_filter)
-        examples = examples.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=256))
-        packed.append(pack(examples, data.max_length, rows // num_shards, seed))
-    if per_process == 1:
-        return packed[0], length_filter
-    concat = lambda parts: {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-    return grain.experimental.ZipIterDataset(packed).map(concat), length_filter
+    load = functools.partial(tokenized.load, str(ids), data.train_split)
+    shards = [
+        packing.Shard(load, shard, num_shards, rows // num_shards, data.max_length, data.overlong, seed)
+        for shard in range(process_index * per_process, (process_index + 1) * per_process)
+    ]
+    counts = [shard.counts() for shard in shards]
+    report = LengthReport(data.max_length, data.overlong, sum(c[0] for c in counts), sum(c[0] - c[1] for c in counts))
+    dataset = grain.MapDataset.range(ENDLESS).map(ProcessBatches(shards))
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    if data.workers:
+        if not absl_flags.FLAGS.is_parsed():  # grain 0.2 reads an absl flag in its workers (google/grain#1355)
+            absl_flags.FLAGS.mark_as_parsed()
+        options = grain.MultiprocessingOptions(num_workers=data.workers)
+        dataset = dataset.mp_prefetch(options, worker_init_fn=die_with_parent)
+    return dataset, report
 
 
 def eval_length(examples: list[dict], limit: int) -> int:
@@ -236,9 +226,9 @@ def pairs_in(batch: dict) -> int:
     return int(batch["targets_segment_ids"].max(axis=1).sum())
 
 
-def epoch_size(total: int, length_filter: LengthFilter) -> float:
+def epoch_size(total: int, lengths: LengthReport) -> float:
     """Training pairs in one epoch: the split's pairs less those the length filter drops (the
-    share dropped so far estimates the share of the whole split)."""
-    if length_filter.overlong != "drop" or not length_filter.seen:
+    share this process drops stands for the share of the whole split)."""
+    if lengths.overlong != "drop" or not lengths.seen:
         return float(max(total, 1))
-    return max(total * (1 - length_filter.overlong_pairs / length_filter.seen), 1.0)
+    return max(total * (1 - lengths.overlong_pairs / lengths.seen), 1.0)

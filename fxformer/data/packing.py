@@ -1,0 +1,151 @@
+"""Packing pre-tokenized examples into training rows, one epoch planned at a time.
+
+A batch is `rows` rows of `max_length` slots per side. Examples are taken in the epoch's
+shuffled order and placed first fit: into the first row with room on both sides; when one fits
+none of the rows, the batch is closed and the example opens the next one (the semantics of
+grain's FirstFitPackIterDataset with `rows` bins). Every example of a shard appears once per
+epoch; the last batch of an epoch may be part empty. Keys of a batch: inputs, targets and, for
+each, `_segment_ids` (1, 2, ... per packed example, 0 = padding) and `_positions` (restarting at
+0 in every example).
+
+Planning needs only the examples' lengths, so it is cheap; filling a batch is a handful of
+vectorized copies from the stored ids (`fxformer.data.tokenized`). A batch is a pure function
+of (seed, shard, epoch, batch): any process or grain worker makes the same one, and a resumed
+run makes the same batches from the same position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from fxformer.data.tokenized import Split
+from fxformer.tokens import EOS_ID, PAD_ID
+
+KEYS = ("inputs", "targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One epoch of one shard: each placed example's index, row, segment and columns, in the
+    order placed; `starts[b]:starts[b + 1]` are batch b's entries."""
+
+    example: np.ndarray
+    row: np.ndarray
+    segment: np.ndarray
+    column: dict  # key -> np.ndarray
+    starts: np.ndarray
+
+    @property
+    def batches(self) -> int:
+        return len(self.starts) - 1
+
+
+def first_fit(lengths: dict, order: np.ndarray, rows: int, max_length: int, rng: np.random.Generator) -> Plan:
+    """Place `order`'s examples (their per-key `lengths`, each at most max_length) first fit into
+    batches of `rows` rows; each closed batch's rows are shuffled (grain's shuffle_bins)."""
+    length_in, length_out = lengths["inputs"][order].tolist(), lengths["targets"][order].tolist()
+    n = len(order)
+    row, segment, col_in, col_out = (np.empty(n, np.int32) for _ in range(4))
+    starts = [0]
+    free_in, free_out, used = [max_length] * rows, [max_length] * rows, [0] * rows
+    batch_rows = []
+    for i in range(n):
+        a, b = length_in[i], length_out[i]
+        for r in range(rows):
+            if free_in[r] >= a and free_out[r] >= b:
+                break
+        else:  # fits no row: close the batch, open the next
+            starts.append(i)
+            batch_rows.append(rows)
+            free_in, free_out, used = [max_length] * rows, [max_length] * rows, [0] * rows
+            r = 0
+        row[i], col_in[i], col_out[i] = r, max_length - free_in[r], max_length - free_out[r]
+        used[r] += 1
+        segment[i] = used[r]
+        free_in[r] -= a
+        free_out[r] -= b
+    starts.append(n)
+    starts = np.asarray(starts, np.int64)
+    for s, e in zip(starts[:-1], starts[1:]):  # shuffled rows: the fullest are not all on one device
+        row[s:e] = rng.permutation(rows)[row[s:e]]
+    return Plan(order, row, segment, {"inputs": col_in, "targets": col_out}, starts)
+
+
+def fill(split: Split, plan: Plan, batch: int, rows: int, max_length: int) -> dict[str, np.ndarray]:
+    """Batch `batch` of `plan`, filled from the stored ids: [rows, max_length] int32 arrays."""
+    s, e = plan.starts[batch], plan.starts[batch + 1]
+    example, row, segment = plan.example[s:e], plan.row[s:e], plan.segment[s:e]
+    out = {}
+    for key in KEYS:
+        side = getattr(split, key)
+        full = side.offsets[example + 1] - side.offsets[example]
+        length = np.minimum(full, max_length)  # truncated examples keep max_length - 1 tokens and EOS
+        each = np.repeat(np.arange(len(example)), length)  # [tokens]: which example a token belongs to
+        within = np.arange(len(each)) - np.repeat(np.cumsum(length) - length, length)
+        at = (row[each], plan.column[key][s:e][each] + within)
+        ids = np.full((rows, max_length), PAD_ID, np.int32)
+        ids[at] = side.ids[side.offsets[example][each] + within]
+        cut = full > max_length
+        ids[row[cut], plan.column[key][s:e][cut] + max_length - 1] = EOS_ID
+        segment_ids, positions = np.zeros((rows, max_length), np.int32), np.zeros((rows, max_length), np.int32)
+        segment_ids[at], positions[at] = segment[each], within
+        out |= {key: ids, f"{key}_segment_ids": segment_ids, f"{key}_positions": positions}
+    return out
+
+
+class Shard:
+    """The training batches of one shard, endless: batch k of the shard (across epochs) made on
+    demand. Picklable (grain workers make their own copy): it holds a loader of the ids, not them."""
+
+    def __init__(self, load_split, shard: int, num_shards: int, rows: int, max_length: int, overlong: str,
+                 seed: int):  # fmt: skip
+        self.load_split, self.shard, self.num_shards = load_split, shard, num_shards
+        self.rows, self.max_length, self.overlong, self.seed = rows, max_length, overlong, seed
+        self._epoch_batches: list[int] = []  # batches of epochs 0, 1, ... as planned so far
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("split", None), state.pop("_kept", None)
+        return state
+
+    @functools.cached_property
+    def split(self) -> Split:
+        return self.load_split()
+
+    @functools.cached_property
+    def _kept(self) -> tuple[np.ndarray, dict]:
+        """(indices of this shard's examples training keeps, every example's lengths clipped)."""
+        lengths = {key: getattr(self.split, key).lengths for key in KEYS}
+        mine = np.arange(self.shard, len(self.split), self.num_shards)
+        if self.overlong == "drop":
+            mine = mine[np.maximum(lengths["inputs"][mine], lengths["targets"][mine]) <= self.max_length]
+        return mine, {key: np.minimum(value, self.max_length) for key, value in lengths.items()}
+
+    def counts(self) -> tuple[int, int]:
+        """(examples of the shard, those training keeps)."""
+        return len(range(self.shard, len(self.split), self.num_shards)), len(self._kept[0])
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 - a shard lives as long as its pipeline
+    def plan(self, epoch: int) -> Plan:
+        """Epoch `epoch`: its own permutation of the kept examples, packed."""
+        kept, lengths = self._kept
+        rng = np.random.default_rng([self.seed, self.shard, self.num_shards, epoch])
+        return first_fit(lengths, rng.permutation(kept), self.rows, self.max_length, rng)
+
+    def locate(self, k: int) -> tuple[int, int]:
+        """(epoch, batch within it) of the shard's batch `k`."""
+        epoch = 0
+        while True:
+            if epoch == len(self._epoch_batches):
+                self._epoch_batches.append(self.plan(epoch).batches)
+            if k < self._epoch_batches[epoch]:
+                return epoch, k
+            k -= self._epoch_batches[epoch]
+            epoch += 1
+
+    def __getitem__(self, k: int) -> dict[str, np.ndarray]:
+        epoch, batch = self.locate(k)
+        return fill(self.split, self.plan(epoch), batch, self.rows, self.max_length)
