@@ -14,8 +14,8 @@ header line, then one line per replicate:
      "curve": [{"step": 25, "tokens_seen": 23808.0, "loss": 5.1}, {"step": 100, ..., "dev_ppl": 9.8}, ...]}
 
 `curve` keeps, of each line of W/metrics.jsonl, the step, tokens seen, train loss, dev PPL and dev
-BLEU where measured. An older results.json (final values per seed only) converts too
-(`from_results`): no curves, no test evaluation, and the header says so.
+BLEU where measured. A results.json (an older one too) converts to records (`from_results`):
+each seed's final figures, no curves, and the header says so.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ FORMAT = 1
 NAME = "records.jsonl.gz"
 CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu")
 FROM_RESULTS = (
-    "re-collected from results.json, which holds each seed's final dev figures only: no learning curves, "
-    "no test-set evaluation (the sweep must be re-run for those)"
+    "re-collected from results.json, which holds each seed's final figures only: no learning curves and no raw "
+    "records (a re-run of the sweep, or its records.jsonl.gz, has them)"
 )
 
 
@@ -115,8 +115,8 @@ def from_results(path) -> dict:
     if not path.exists():
         raise UserError(f"--from_results: {path} does not exist.")
     document = rowstate.read_json(path, "a sweep's results", "give one that collect wrote")
-    if "source" in document:  # written by this code: its header, kept
-        header = document["source"]
+    if "source" in document:  # written by this code: its header, kept, but for where the figures now come from
+        header = {**document["source"], "origin": FROM_RESULTS}
     else:  # an older one: its root and time of collection from its footer
         first = document.get("footer", [""])[0]
         root, collected = re.search(r"root (\S+?);", first), re.search(r"collected ([\d-]+ [\d:]+)", first)

@@ -387,7 +387,7 @@ def statistics_note(sweep) -> str:
         f"Statistics: n seeds per row; Δ = mean over the seeds k both have of (row seed k - {sweep.baseline} seed k), "
         f"shown beside '{sweep.baseline}, matched', the mean of those {sweep.baseline} seeds, so that a row's mean "
         f"minus its matched {sweep.baseline} is Δ (the {sweep.baseline} row's own mean is over all of its seeds, "
-        f"which a row is not paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
+        f"including those no row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
         f"sqrt(pairs). Ours is a direction where a two-sided paired t-test on those differences (scipy.stats."
         f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}, a tie otherwise."
     )
@@ -414,7 +414,7 @@ def reference_rule(sweep) -> str:
 def convergence_note(sweep, recs: list[dict]) -> str:
     m1 = first_metric(sweep)
     if not any(r["along"] or r["late_share"] is not None for r in recs):
-        return "Convergence: these records hold no dev curves, so its columns are blank."
+        return "Convergence: these records hold no dev curves, so the convergence columns are blank."
     return (
         f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
         f"improvement (from its first dev evaluation to its last) made in the last {share(LATE)} of its training "

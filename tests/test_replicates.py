@@ -265,6 +265,21 @@ def test_collect_from_the_records_alone_rebuilds_the_table_byte_for_byte(tmp_pat
     assert "need no --root" in capsys.readouterr().err
 
 
+MINI = Path(__file__).resolve().parent.parent / "experiments" / "results" / "table3-mini"
+
+
+def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path):
+    out = tmp_path / "mini"
+    assert experiments_main.main(["collect", "table3", f"--from_results={MINI / 'results.json'}", f"--out={out}"]) == 0
+    for name in ("table.md", "table.csv", "results.json"):
+        assert (out / name).read_bytes() == (MINI / name).read_bytes(), f"{name}: collect it again (its README)"
+    table = (MINI / "table.md").read_text()
+    assert "| C1 (pilot) |" in table and "| D1 (pilot) |" in table and "paired t-test" in table
+    assert "no learning curves and no raw records" in table and not (out / "records.jsonl.gz").exists()
+    assert "test: no evaluation in these records" in table
+    assert "hold no dev curves, so the convergence columns are blank" in table
+
+
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     rows = {rec["row"]: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
