@@ -169,7 +169,7 @@ def log_axis(axis) -> None:
     """A log scale with plain tick labels at 1, 2 and 5 of each decade (0.2, 0.5, 1, 2, ...)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.axes.set_xscale("log")
+    (axis.axes.set_xscale if axis is axis.axes.xaxis else axis.axes.set_yscale)("log")
     axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
@@ -270,7 +270,7 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
             style = {"color": "black", "linestyle": "--"} if name == sweep.baseline else {}
             line = ax.plot(steps, mean, label=name, **style)[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_yscale("log")
+        log_axis(ax.yaxis)
         ax.set_title(f"group {g}")
         ax.set_xlabel("step")
         ax.set_ylabel("dev PPL")
