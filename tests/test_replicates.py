@@ -1,6 +1,9 @@
 """Replicated sweeps: seeds as part of a sweep (init, dropout and data order, paired by seed), the
-statistics `collect` reports (checked against NumPy on hand-made results), the tie rule, rows side
-by side (`--parallel`), a stopped replicate resuming alone, and golden dry-runs of a replicated row.
+statistics `collect` reports (checked against NumPy on hand-made results), the tie rule (a paired
+t-test, checked against scipy and the closed form for 2 degrees of freedom), the raw records a
+table is rebuilt from byte for byte, pilot rows, test beside dev and convergence (a fake sweep,
+no training), the committed mini table, rows side by side (`--parallel`), a stopped replicate
+resuming alone, and golden dry-runs of a replicated row.
 
 Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_replicates.py`.
 """

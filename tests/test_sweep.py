@@ -1,6 +1,7 @@
-"""Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, refuse a changed
-config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of an uninterrupted
-row, leases, and golden dry-runs of one row on the tpu and slurm backends.
+"""Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, dev then test,
+refuse a changed config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of
+an uninterrupted row, leases, params.png's labels, and golden dry-runs of one row on the tpu and
+slurm backends.
 
 Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_sweep.py`.
 """
