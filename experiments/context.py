@@ -9,7 +9,7 @@ import json
 
 from experiments import rowstate
 from experiments import sweep as sweeps
-from experiments.cli import flag_value, say
+from experiments.cli import say
 from experiments.job import Job, default_logdir
 from fxformer import paths
 from fxformer.errors import UserError
@@ -89,16 +89,24 @@ class Context:
 
     @property
     def eval_split(self) -> str:
-        return flag_value(list(self.sweep.eval_flags), "split") or "test"
+        return self.sweep.eval_split
+
+    @property
+    def more_splits(self) -> list[str]:
+        """The splits evaluated after eval_split (the test set beside dev)."""
+        return [split for split, _ in self.sweep.evaluations()[1:]]
 
     def read(self, rep: Replicate | sweeps.Run) -> rowstate.RowState:
-        return rowstate.read(paths.Workdir(self.workdir(rep)), self.eval_split)
+        return rowstate.read(paths.Workdir(self.workdir(rep)), self.eval_split, self.more_splits)
 
-    def job(self, rep: Replicate, train: bool = True) -> Job:
+    def job(self, rep: Replicate, train: bool = True, splits: list[str] | None = None) -> Job:
+        """The replicate's job: training (unless `train` is False) and the evaluations of `splits`
+        (default: every split the sweep evaluates)."""
         workdir = self.workdir(rep)
         flags = (*rep.flags(self.extra), f"--workdir={workdir}")
         logdir = default_logdir(workdir, self.sweep.name, rep.name)
-        return Job(f"{self.sweep.name}-{rep.name}", flags, True, self.sweep.eval_flags, logdir, train)
+        evals = [f for split, f in self.sweep.evaluations() if splits is None or split in splits]
+        return Job(f"{self.sweep.name}-{rep.name}", flags, True, evals[0], logdir, train, tuple(evals[1:]))
 
 
 def read_root(root: str, dry_run: bool) -> dict:

@@ -17,7 +17,8 @@ from fxformer.paths import is_url
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One run: fxformer.train's flags, then optionally fxformer.evaluate on the same workdir
-    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row)."""
+    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row), and
+    after it one more fxformer.evaluate for each of `more_evals` (a sweep's test set beside dev)."""
 
     name: str
     train_flags: tuple[str, ...]
@@ -25,19 +26,25 @@ class Job:
     eval_flags: tuple[str, ...] = ()
     logdir: Path = Path("logs")
     train: bool = True
+    more_evals: tuple[tuple[str, ...], ...] = ()
 
     @property
     def workdir(self) -> str:
         return flag_value(list(self.train_flags), "workdir") or ""
 
+    def evaluations(self, cluster_flags: list[str]) -> list[list[str]]:
+        """fxformer.evaluate's module and flags, once per evaluation, in order."""
+        every = (self.eval_flags, *self.more_evals)
+        return [["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *flags] for flags in every]
+
     def worker_flags(self, rundir: str, cluster_flags: list[str]) -> list[str]:
         """The flags of `python -m experiments.worker` that run this job on one host."""
         flags = [f"--rundir={rundir}"]
-        evaluate = ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
+        first, *rest = self.evaluations(cluster_flags)
         if not self.train:
-            return [*flags, "--", *evaluate]
+            return [*flags, *(f"--then={shlex.join(e)}" for e in rest), "--", *first]
         if self.evaluate:
-            flags.append(f"--then={shlex.join(evaluate)}")
+            flags += [f"--then={shlex.join(e)}" for e in (first, *rest)]
         return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
 
 

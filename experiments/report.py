@@ -1,16 +1,24 @@
-"""A sweep's tables and figures: plan's layout, and its results beside the reference: `collect`
-(markdown, CSV, JSON) and `plot` (PNG), with the statistics of its seeds.
+"""A sweep's tables: plan's layout, and `collect`'s results beside the reference (markdown, CSV,
+JSON) with the statistics of its seeds, built from the sweep's raw records (experiments.records).
 
     python -m experiments collect table3 --root=runs/table3-mini
-    python -m experiments plot    table3 --root=runs/table3-mini
+    python -m experiments collect table3 --from_records=experiments/results/table3-mini/records.jsonl.gz
 
-Both work on a partial sweep: rows not finished show their state. Files go to R/results/
-(--out=DIR elsewhere): table.md, table.csv, results.json; delta.png, params.png, curves.png.
+`collect` works on a partial sweep: rows not finished show their state. Files go to R/results/
+(--out=DIR elsewhere; beside the file with --from_records): table.md, table.csv, results.json
+and records.jsonl.gz, the records the table was built from (per replicate: its final
+evaluations and learning curve), from which `--from_records` rebuilds the three others byte
+for byte, with no run directory. `--from_results=results.json` rebuilds them from the final
+figures an older results.json holds (no curves, no test set: those columns stay blank).
 
-Per row and metric: the mean and standard deviation over its seeds, and the difference from
-the baseline paired by seed (seed k of a row minus seed k of the baseline) with its standard
-error. Our direction is a tie where |mean difference| <= 2 SE; the reference's is a tie where
-its difference is within the noise of two single runs (the sweep's `noise`: 2 sqrt(2) sd).
+Per row and metric: the mean and standard deviation over its seeds, on dev and on the test set;
+the difference from the baseline paired by seed (seed k of a row minus seed k of the baseline)
+beside the mean of the base seeds it is measured from, with its 95% confidence interval and a
+paired t-test (t, df = pairs - 1, p). Ours is a direction where p < 0.05, else a tie; the
+reference's is a tie where its difference is within the noise of two single runs (the sweep's
+`noise`: 2 sqrt(2) sd). Rows the recipe was chosen on (the sweep's `pilot_rows`) are marked and
+left out of the count. Convergence, from the dev curves: the share of each run's dev PPL gain
+made in its last 20% of steps, and the PPL direction at 1/4, 1/2 and all of the steps.
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
-import time
+import statistics
 
-from experiments import stats
+from experiments import records, stats
 from experiments.context import Context
 from fxformer import exitcodes, paths
 from fxformer.config import dotted_keys, lookup
 from fxformer.errors import UserError
+
+FRACTIONS = (0.25, 0.5, 1.0)  # where along training the direction is shown again (from the dev curves)
+LATE = 0.2  # convergence: the share of the dev PPL gain made in this last part of the steps
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -57,64 +67,92 @@ def layout(ctx: Context, runs) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# collect
+# From the records to one record per row
 
 
-def gather(ctx: Context, runs) -> list[dict]:
-    """One record per row: its changes versus the baseline, state, per-seed results, their mean and
-    sd, the paired difference from the baseline with its SE, and the reference's figures."""
+def more_splits(sweep) -> list[str]:
+    """The splits evaluated beside the one the table is judged on (the test set)."""
+    return [split for split, _ in sweep.evaluations()[1:]]
+
+
+def gather(ctx: Context, runs, doc: dict | None = None) -> list[dict]:
+    """One record per row of `runs`: its changes versus the baseline, state, per-seed results on
+    every split, their mean and sd, the paired comparison with the baseline, the reference's
+    figures and its convergence; from `doc` (the sweep's records), else from the root."""
     sweep = ctx.sweep
+    doc = doc if doc is not None else records.from_root(ctx, runs)
+    by_row: dict[str, list[dict]] = {}
+    for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
+        by_row.setdefault(rep["row"], []).append(rep)
     configs = {run.name: run.resolved(ctx.extra) for run in sweep.runs}
-    base_config = configs.get(sweep.baseline, {})
-    rows = {run.name: record(ctx, run, configs[run.name], base_config) for run in sweep.runs}
+    names = {run.name for run in runs} | {sweep.baseline}
+    rows = {run.name: record(sweep, run, by_row.get(run.name, []), configs[run.name], configs.get(sweep.baseline, {}))
+            for run in sweep.runs if run.name in names}  # fmt: skip
     base = rows.get(sweep.baseline)
-    for rec in rows.values():
-        rec["delta_ours"], rec["se"], rec["pairs"], rec["delta_paper"], rec["direction"] = {}, {}, {}, {}, {}
-        for m in sweep.metrics:
-            d, se, n = (None, None, 0) if not base or rec is base else stats.paired(rec["seeds"][m], base["seeds"][m])
-            rec["delta_ours"][m], rec["se"][m], rec["pairs"][m] = d, se, n
-            paper, base_paper = rec["paper"][m], base["paper"][m] if base else None
-            missing = paper is None or base_paper is None or rec is base
-            rec["delta_paper"][m] = None if missing else paper - base_paper
-            rec["direction"][m] = direction(rec, m, base_paper, sweep) if rec["row"] != sweep.baseline else ""
+    for name, rec in rows.items():
+        compare(sweep, rec, base)
+        rec["along"] = along(sweep, rec, base, by_row.get(name, []), by_row.get(sweep.baseline, []))
     return [rows[run.name] for run in runs]
 
 
-def record(ctx: Context, run, config: dict, base_config: dict) -> dict:
-    """A row's record before the comparison with the baseline."""
-    sweep = ctx.sweep
-    reps = ctx.replicates(run)
-    found = [(rep, ctx.read(rep)) for rep in reps]
-    info = paths.Workdir(ctx.workdir(run)).run_info
-    info = json.loads(info.read_text()) if info.exists() else {}
-    first = next((row for _, row in found if row.results), None)
-    results = first.results if first else {}
-    seeds = {m: {rep.seed: row.results[m] for rep, row in found if row.results and m in row.results}
-             for m in sweep.metrics}  # fmt: skip
-    config = found[0][1].config or config
-    states = [str(row.state(ctx.args.lease_s)) for _, row in found]
+def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> dict:
+    """A row's record before the comparison with the baseline, from its replicates' records."""
+    split = sweep.eval_split
+    results = next((rep["evals"][split] for rep in reps if split in rep["evals"]), {})
+    config = (reps[0]["config"] if reps else None) or config
+    states = [rep["state"] for rep in reps] or ["not in the records"]
+    state = states[0] if len(set(states)) == 1 else ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
+    info = reps[0]["run_info"] if reps else {}
+    total = config["num_train_steps"]
+    curves = dev_curves(reps, "dev_ppl")
+    shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, total, LATE)) is not None}
+    more = {s: figures(sweep, reps, s) for s in more_splits(sweep)}
+    for s, figs in more.items():  # the first evaluation of that split, for the footer's sentence count
+        figs["results"] = next((rep["evals"][s] for rep in reps if s in rep["evals"]), {})
     return {
         "row": run.name,
+        "pilot": run.name in sweep.pilot_rows,
         "changes": changes(sweep, config, base_config) if run.name != sweep.baseline else "",
-        "state": states[0] if len(set(states)) == 1 else ", ".join(f"{states.count(s)} {s}" for s in set_of(states)),
+        "state": state,
         "seeds_run": len(reps),
-        "steps": results["checkpoint_steps"][-1] if results else found[0][1].step,
-        "total_steps": config["num_train_steps"],
+        "steps": results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
+        "total_steps": total,
         "params": results.get("num_params") or info.get("num_params"),
         "devices": info.get("devices"),
         "tokens_per_batch": config["data"]["tokens_per_batch"],
-        "commit": ", ".join(sorted({row.status.get("commit", "") for _, row in found} - {""})),
+        "commit": ", ".join(sorted({rep["commit"] for rep in reps} - {""})),
         "results": results,
-        "seeds": seeds,
-        "n": {m: len(seeds[m]) for m in sweep.metrics},
-        "ours": {m: stats.mean_sd(list(seeds[m].values()))[0] for m in sweep.metrics},
-        "sd": {m: stats.mean_sd(list(seeds[m].values()))[1] for m in sweep.metrics},
+        **figures(sweep, reps, split),
+        "more": more,
         "paper": {m: sweep.reference.get(run.name, {}).get(m) for m in sweep.metrics},
         "paper_params": sweep.reference.get(run.name, {}).get("params"),
-        "end_above_lowest": max(
-            (rise for rep in reps if (rise := end_above_lowest(curve(ctx, rep))) is not None), default=None
-        ),
+        "end_above_lowest": max((r for c in curves.values() if (r := end_above_lowest(c)) is not None), default=None),
+        "late_share": statistics.fmean(shares.values()) if shares else None,
+        "late_share_seeds": shares,
     }
+
+
+def figures(sweep, reps: list[dict], split: str) -> dict:
+    """Per metric on `split`: each seed's final value, how many, their mean and sd."""
+    seeds = {m: {rep["seed"]: rep["evals"][split][m] for rep in reps if m in rep["evals"].get(split, {})}
+             for m in sweep.metrics}  # fmt: skip
+    spread = {m: stats.mean_sd(list(seeds[m].values())) for m in sweep.metrics}
+    return {
+        "seeds": seeds,
+        "n": {m: len(seeds[m]) for m in sweep.metrics},
+        "ours": {m: spread[m][0] for m in sweep.metrics},
+        "sd": {m: spread[m][1] for m in sweep.metrics},
+    }
+
+
+def dev_curves(reps: list[dict], key: str) -> dict[int, dict[int, float]]:
+    """{seed: {step: value}} of the replicates' learning curves of `key` (those that have one)."""
+    out = {}
+    for rep in reps:
+        points = {p["step"]: p[key] for p in rep["curve"] if isinstance(p.get(key), (int, float))}
+        if points:
+            out[rep["seed"]] = points
+    return out
 
 
 def end_above_lowest(points: dict[int, float]) -> float | None:
@@ -123,20 +161,51 @@ def end_above_lowest(points: dict[int, float]) -> float | None:
     return points[max(points)] - min(points.values()) if points else None
 
 
-def set_of(values: list[str]) -> list[str]:
-    return sorted(set(values))
+def compare(sweep, rec: dict, base: dict | None) -> None:
+    """The row against the baseline, per metric: the paired test and both directions."""
+    keys = ("matched", "delta_ours", "se", "pairs", "t", "df", "p", "ci", "delta_paper", "direction")
+    for key in keys:
+        rec[key] = {}
+    is_base = base is None or rec is base
+    for m in sweep.metrics:
+        test = stats.Paired() if is_base else stats.paired(rec["seeds"][m], base["seeds"][m])
+        rec["matched"][m], rec["delta_ours"][m], rec["se"][m] = test.matched, test.mean, test.se
+        rec["pairs"][m], rec["t"][m], rec["df"][m], rec["p"][m] = test.pairs, test.t, test.df, test.p
+        rec["ci"][m] = None if test.low is None else [test.low, test.high]
+        paper, base_paper = rec["paper"][m], base["paper"][m] if base else None
+        rec["delta_paper"][m] = None if paper is None or base_paper is None or is_base else paper - base_paper
+        reference = stats.reference_sign(rec["delta_paper"][m], base_paper, sweep.noise.get(m, {}))
+        rec["direction"][m] = "" if rec["row"] == sweep.baseline else judge(test, reference)
 
 
-def direction(rec: dict, metric: str, base_paper: float | None, sweep) -> str:
-    """Our direction against the reference's for `metric` (see the module docstring)."""
-    d, se, pairs = rec["delta_ours"][metric], rec["se"][metric], rec["pairs"][metric]
-    reference = stats.reference_sign(rec["delta_paper"][metric], base_paper, sweep.noise.get(metric, {}))
-    if d is None or reference is None:
+def judge(test: stats.Paired, reference: int | None) -> str:
+    """Our direction against the reference's (see the module docstring)."""
+    if test.mean is None or reference is None:
         return ""
-    if pairs < 2:  # no spread to judge by: the raw sign, marked
-        raw = "tie" if d == 0 else "agree" if (d > 0) == (reference > 0) else "disagree"
+    if test.pairs < 2:  # no spread to judge by: the raw sign, marked
+        raw = "tie" if test.mean == 0 else "agree" if (test.mean > 0) == (reference > 0) else "disagree"
         return f"1 seed: {raw}" if reference else "1 seed: paper tie"
-    return stats.verdict(stats.sign(d, se), reference, pairs)
+    return stats.verdict(stats.sign(test), reference, test.pairs)
+
+
+def along(sweep, rec: dict, base: dict | None, reps: list[dict], base_reps: list[dict]) -> list[str]:
+    """The first metric's direction against the reference's at each of FRACTIONS of the steps,
+    from the dev curves (the last evaluation at or before it, paired by seed); [] without curves."""
+    metric = next(iter(sweep.metrics))
+    row_curves, base_curves = dev_curves(reps, f"dev_{metric}"), dev_curves(base_reps, f"dev_{metric}")
+    if base is None or rec is base or not row_curves or not base_curves:
+        return []
+    reference = stats.reference_sign(rec["delta_paper"][metric], base["paper"][metric], sweep.noise.get(metric, {}))
+    out = []
+    for f in FRACTIONS:
+        ours, theirs = at_fraction(row_curves, rec["total_steps"], f), at_fraction(base_curves, base["total_steps"], f)
+        out.append(judge(stats.paired(ours, theirs), reference) or "?")
+    return out
+
+
+def at_fraction(curves: dict[int, dict[int, float]], total_steps: int, f: float) -> dict[int, float]:
+    """{seed: its curve's value at the last point at or before f x total_steps} (seeds that have one)."""
+    return {k: v for k, c in curves.items() if (v := stats.at_fraction(c, total_steps, f)) is not None}
 
 
 def changes(sweep, config: dict, base: dict) -> str:
@@ -153,61 +222,12 @@ def changes(sweep, config: dict, base: dict) -> str:
     return ", ".join(out)
 
 
-def split_name(sweep) -> str:
-    return "dev" if "validation" in " ".join(sweep.eval_flags) else "test"
+# ---------------------------------------------------------------------------------------------
+# The cells
 
 
-def header(sweep) -> list[str]:
-    """The CSV's columns: one value a cell (the markdown table joins mean and sd, difference and SE)."""
-    split = split_name(sweep)
-    cols = ["row", "changes vs base", "params ours (M)", "params paper (M)", "seeds"]
-    for m in sweep.metrics:
-        cols += [f"{split} {m.upper()} ours", f"{split} {m.upper()} sd", f"{split} {m.upper()} paper"]
-    for m in sweep.metrics:
-        cols += [f"Δ{m.upper()} ours", f"Δ{m.upper()} SE", f"Δ{m.upper()} paper"]
-    cols += [f"{m.upper()} direction vs paper" for m in sweep.metrics]
-    return cols + ["steps", "state"]
-
-
-def cells(rec: dict, sweep) -> list[str]:
-    out = [rec["row"], rec["changes"] or "—", millions(rec["params"]), millions(rec["paper_params"]),
-           str(min(rec["n"].values(), default=0))]  # fmt: skip
-    for m in sweep.metrics:
-        out += [fmt(rec["ours"][m], 3), fmt(rec["sd"][m], 3), fmt(rec["paper"][m])]
-    for m in sweep.metrics:
-        out += [signed(rec["delta_ours"][m], 3), fmt(rec["se"][m], 3), signed(rec["delta_paper"][m])]
-    out += [rec["direction"][m] for m in sweep.metrics]
-    return out + [f"{rec['steps']}/{rec['total_steps']}", rec["state"]]
-
-
-def markdown_header(sweep) -> list[str]:
-    split = split_name(sweep)
-    cols = ["row", "changes vs base", "params ours (M)", "params paper (M)", "n"]
-    for m in sweep.metrics:
-        cols += [f"{split} {m.upper()} ours (mean ± sd)", f"{split} {m.upper()} paper"]
-    for m in sweep.metrics:
-        cols += [f"Δ{m.upper()} ours (± SE)", f"Δ{m.upper()} paper"]
-    cols += [f"{m.upper()} direction" for m in sweep.metrics]
-    return cols + ["steps", "state"]
-
-
-def markdown_cells(rec: dict, sweep) -> list[str]:
-    out = [rec["row"], rec["changes"] or "—", millions(rec["params"]), millions(rec["paper_params"]),
-           str(min(rec["n"].values(), default=0))]  # fmt: skip
-    for m in sweep.metrics:
-        out += [plus_minus(rec["ours"][m], rec["sd"][m]), fmt(rec["paper"][m])]
-    for m in sweep.metrics:
-        d = rec["delta_ours"][m]
-        out += ["" if d is None else plus_minus(d, rec["se"][m], sign=True), signed(rec["delta_paper"][m])]
-    out += [rec["direction"][m] for m in sweep.metrics]
-    return out + [f"{rec['steps']}/{rec['total_steps']}", rec["state"]]
-
-
-def plus_minus(value, spread, sign: bool = False) -> str:
-    if value is None:
-        return ""
-    text = f"{value:+.3f}" if sign else f"{value:.3f}"
-    return f"{text} ± {'n/a' if spread is None else f'{spread:.3f}'}"
+def label(split: str) -> str:
+    return "dev" if split == "validation" else split
 
 
 def millions(count) -> str:
@@ -218,54 +238,158 @@ def signed(value, digits: int = 2) -> str:
     return "" if value is None else f"{value:+.{digits}f}"
 
 
-def footer(ctx: Context, records: list[dict]) -> list[str]:
-    finished = [r for r in records if r["results"]]
+def plus_minus(value, spread, sign: bool = False) -> str:
+    if value is None:
+        return ""
+    text = f"{value:+.3f}" if sign else f"{value:.3f}"
+    return f"{text} ± {'n/a' if spread is None else f'{spread:.3f}'}"
+
+
+def p_value(p: float | None) -> str:
+    """'p=0.042', 'p<0.001'."""
+    return "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def interval(rec: dict, m: str) -> str:
+    """Δ and its 95% interval: '+0.253 [+0.141, +0.365]'."""
+    d, ci = rec["delta_ours"][m], rec["ci"][m]
+    if d is None:
+        return ""
+    return f"{d:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " [n/a]")
+
+
+def t_cell(rec: dict, m: str) -> str:
+    """'9.73 (2), p=0.010': t, its degrees of freedom and the two-sided p."""
+    if rec["p"][m] is None:
+        return ""
+    t = "no spread" if rec["t"][m] is None else f"{rec['t'][m]:.2f}"
+    return f"{t} ({rec['df'][m]}), {p_value(rec['p'][m])}"
+
+
+def share(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.0f}%"
+
+
+def first_metric(sweep) -> str:
+    return next(iter(sweep.metrics)).upper()
+
+
+def markdown_header(sweep) -> list[str]:
+    split, m1 = label(sweep.eval_split), first_metric(sweep)
+    cols = ["row", "changes vs base", "params ours (M)", "params paper (M)", "n"]
+    for m in sweep.metrics:
+        cols += [f"{split} {m.upper()} ours (mean ± sd)"]
+        cols += [f"{label(s)} {m.upper()} ours (mean ± sd)" for s in more_splits(sweep)]
+        cols += [f"{split} {m.upper()} paper"]
+    for m in sweep.metrics:
+        cols += [f"{split} {m.upper()} base, matched", f"Δ{m.upper()} ours [95% CI]", f"{m.upper()} t (df), p",
+                 f"Δ{m.upper()} paper", f"{m.upper()} direction"]  # fmt: skip
+    fractions = " → ".join(fraction(f) for f in FRACTIONS)
+    return cols + [f"{m1} direction at {fractions} of the steps", f"{m1} gain in the last {share(LATE)}", "steps",
+                   "state"]  # fmt: skip
+
+
+def fraction(f: float) -> str:
+    return {0.25: "1/4", 0.5: "1/2", 1.0: "all"}.get(f, f"{f:g}")
+
+
+def markdown_cells(rec: dict, sweep) -> list[str]:
+    name = f"{rec['row']} (pilot)" if rec["pilot"] else rec["row"]
+    out = [name, rec["changes"] or "—", millions(rec["params"]), millions(rec["paper_params"]),
+           str(min(rec["n"].values(), default=0))]  # fmt: skip
+    for m in sweep.metrics:
+        out.append(plus_minus(rec["ours"][m], rec["sd"][m]))
+        out += [plus_minus(rec["more"][s]["ours"][m], rec["more"][s]["sd"][m]) for s in more_splits(sweep)]
+        out.append(fmt(rec["paper"][m]))
+    for m in sweep.metrics:
+        out += [fmt(rec["matched"][m], 3), interval(rec, m), t_cell(rec, m), signed(rec["delta_paper"][m]),
+                rec["direction"][m]]  # fmt: skip
+    return out + [" → ".join(rec["along"]), share(rec["late_share"]), f"{rec['steps']}/{rec['total_steps']}",
+                  rec["state"]]  # fmt: skip
+
+
+def header(sweep) -> list[str]:
+    """The CSV's columns: one value a cell."""
+    split, m1 = label(sweep.eval_split), first_metric(sweep)
+    cols = ["row", "pilot", "changes vs base", "params ours (M)", "params paper (M)", "seeds"]
+    for m in sweep.metrics:
+        for s in (split, *(label(s) for s in more_splits(sweep))):
+            cols += [f"{s} {m.upper()} ours", f"{s} {m.upper()} sd"]
+        cols += [f"{split} {m.upper()} paper"]
+    for m in sweep.metrics:
+        M = m.upper()
+        cols += [f"{split} {M} base matched", f"Δ{M} ours", f"Δ{M} SE", f"Δ{M} CI low", f"Δ{M} CI high", f"{M} t",
+                 f"{M} df", f"{M} p", f"Δ{M} paper", f"{M} direction vs paper"]  # fmt: skip
+    cols += [f"{m1} direction at {fraction(f)}" for f in FRACTIONS]
+    return cols + [f"{m1} gain share last {share(LATE)}", "steps", "state"]
+
+
+def cells(rec: dict, sweep) -> list[str]:
+    out = [rec["row"], "yes" if rec["pilot"] else "", rec["changes"] or "—", millions(rec["params"]),
+           millions(rec["paper_params"]), str(min(rec["n"].values(), default=0))]  # fmt: skip
+    for m in sweep.metrics:
+        for figs in (rec, *(rec["more"][s] for s in more_splits(sweep))):
+            out += [fmt(figs["ours"][m], 3), fmt(figs["sd"][m], 3)]
+        out.append(fmt(rec["paper"][m]))
+    for m in sweep.metrics:
+        ci = rec["ci"][m] or [None, None]
+        out += [fmt(rec["matched"][m], 3), signed(rec["delta_ours"][m], 3), fmt(rec["se"][m], 3), signed(ci[0], 3),
+                signed(ci[1], 3), fmt(rec["t"][m], 3), fmt(rec["df"][m]), fmt(rec["p"][m], 4),
+                signed(rec["delta_paper"][m]), rec["direction"][m]]  # fmt: skip
+    out += (rec["along"] or [""] * len(FRACTIONS))
+    return out + [fmt(rec["late_share"], 3), f"{rec['steps']}/{rec['total_steps']}", rec["state"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The footer: what the table is and how it was judged
+
+
+def footer(sweep, source: dict, recs: list[dict]) -> list[str]:
+    finished = [r for r in recs if r["results"]]
     first = finished[0]["results"] if finished else {}
-    unique = lambda key: sorted({str(r[key]) for r in records if r[key]}) or ["?"]  # noqa: E731
+    unique = lambda key: sorted({str(r[key]) for r in recs if r[key]}) or ["?"]  # noqa: E731
     lines = [
-        f"Sweep {ctx.sweep.name}, profile {ctx.profile}, root {ctx.root}; {len(finished)} of {len(records)} rows "
-        f"finished; collected {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {len(finished)} of {len(recs)} "
+        f"rows finished; collected {source['collected']}.",
+    ]
+    if source["origin"] != "run directories":
+        lines.append(f"Source: {source['origin']}.")
+    lines += [
         f"sacreBLEU: {first.get('signature', '?')}; beam {first.get('beam_size', '?')}, alpha "
-        f"{first.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences; "
-        "no checkpoint averaging.",
+        f"{first.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences"
+        f"{more_splits_note(sweep, recs)}; no checkpoint averaging.",
         f"Devices: {', '.join(unique('devices'))}; global batch {', '.join(unique('tokens_per_batch'))} tokens per "
         f"side per step; commit {', '.join(unique('commit'))}.",
-        f"Statistics: n seeds per row; Δ = mean over seeds k of (row seed k - {ctx.sweep.baseline} seed k), ± its "
-        f"standard error (sd of the paired differences / sqrt(pairs)); ours is a tie where |Δ| <= "
-        f"{stats.TIE_SE:g} SE. " + reference_rule(ctx.sweep),
+        statistics_note(sweep) + " " + reference_rule(sweep),
+        convergence_note(sweep, recs),
     ]
-    lines.append(end_note(records))
-    for m in ctx.sweep.metrics:
-        verdicts = [r["direction"][m] for r in records if r["direction"][m]]
-        counted = [v for v in verdicts if v in ("agree", "disagree", "tie")]
-        names = [r["row"] for r in records if r["direction"][m] in ("agree", "disagree", "tie")]
-        if counted:
-            lines.append(
-                f"{m.upper()} direction as the paper's: {counted.count('agree')} agree, {counted.count('tie')} tie, "
-                f"{counted.count('disagree')} disagree, of the {len(counted)} rows with 2 or more paired seeds "
-                f"where the paper's difference is not a tie ({', '.join(names)})"
-                + (
-                    f"; {len(verdicts) - len(counted)} more rows have one seed or are paper ties."
-                    if len(verdicts) > len(counted)
-                    else "."
-                )
-            )
-        elif verdicts:
-            agree = sum(v.endswith("agree") and "disagree" not in v for v in verdicts)
-            lines.append(f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(verdicts)}.")
+    if any(r["end_above_lowest"] is not None for r in recs):
+        lines.append(end_note(recs))
+    lines += [line for m in sweep.metrics if (line := count_line(recs, m))]
     return lines
 
 
-def end_note(records: list[dict]) -> str:
-    """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
-    measured = [r for r in records if r["end_above_lowest"] is not None]
-    rises = [r["end_above_lowest"] for r in measured]
-    above = [f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})" for r in measured
-             if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]]  # fmt: skip
+def more_splits_note(sweep, recs: list[dict]) -> str:
+    """'; and test, 1000 sentences, decoded the same way (20 of 20 rows)', or why those columns are blank."""
+    out = ""
+    for split in more_splits(sweep):
+        done = [r for r in recs if r["more"][split]["results"]]
+        if not done:
+            out += f"; {split}: no evaluation in these records (its columns are blank)"
+            continue
+        n = done[0]["more"][split]["results"].get("num_sentences", "?")
+        out += f"; and {split}, {n} sentences, decoded the same way ({len(done)} of {len(recs)} rows)"
+    return out
+
+
+def statistics_note(sweep) -> str:
     return (
-        f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
-        f"lowest; the largest rise is {max(rises, default=0):.3f}; rows with a seed that ends above its lowest "
-        f"by more than the row's seed sd: {', '.join(above) or 'none'}."
+        f"Statistics: n seeds per row; Δ = mean over the seeds k both have of (row seed k - {sweep.baseline} seed k), "
+        f"shown beside '{sweep.baseline}, matched', the mean of those {sweep.baseline} seeds, so that a row's mean "
+        f"minus its matched {sweep.baseline} is Δ (the {sweep.baseline} row's own mean is over all of its seeds, "
+        f"including those no row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
+        f"sqrt(pairs). Ours is a direction where a two-sided paired t-test on those differences (scipy.stats."
+        f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}, a tie otherwise."
     )
 
 
@@ -287,171 +411,121 @@ def reference_rule(sweep) -> str:
     )
 
 
-def markdown(ctx: Context, records: list[dict]) -> str:
-    cols = markdown_header(ctx.sweep)
+def convergence_note(sweep, recs: list[dict]) -> str:
+    m1 = first_metric(sweep)
+    if not any(r["along"] or r["late_share"] is not None for r in recs):
+        return "Convergence: these records hold no dev curves, so the convergence columns are blank."
+    return (
+        f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
+        f"improvement (from its first dev evaluation to its last) made in the last {share(LATE)} of its training "
+        f"steps, mean over seeds: 0% had levelled off, {share(LATE)} or more was improving as fast as ever. The "
+        f"{m1} direction is judged again (the same test, the same reference) at each run's last dev evaluation at "
+        f"or before {', '.join(fraction(f) for f in FRACTIONS)} of its steps."
+    )
+
+
+def end_note(recs: list[dict]) -> str:
+    """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
+    measured = [r for r in recs if r["end_above_lowest"] is not None]
+    rises = [r["end_above_lowest"] for r in measured]
+    above = [f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})" for r in measured
+             if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]]  # fmt: skip
+    return (
+        f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
+        f"lowest; the largest rise is {max(rises, default=0):.3f}; rows with a seed that ends above its lowest "
+        f"by more than the row's seed sd: {', '.join(above) or 'none'}."
+    )
+
+
+COUNTED = ("agree", "disagree", "tie")
+
+
+def count_line(recs: list[dict], m: str) -> str | None:
+    """The headline: how many rows agree with the paper's direction, pilot rows left out."""
+    judged = [r for r in recs if r["direction"][m]]
+    pilots = [r for r in judged if r["pilot"]]
+    rows = [r for r in judged if not r["pilot"]]
+    counted = [r for r in rows if r["direction"][m] in COUNTED]
+    verdicts = [r["direction"][m] for r in counted]
+    if not counted and rows:
+        agree = sum(r["direction"][m].endswith("agree") and "disagree" not in r["direction"][m] for r in rows)
+        return f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(rows)}."
+    if not counted:
+        return None
+    text = (
+        f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "
+        f"agree, {verdicts.count('tie')} tie, {verdicts.count('disagree')} disagree, of the {len(counted)} rows with "
+        f"2 or more paired seeds where the paper's difference is not a tie ({', '.join(r['row'] for r in counted)})"
+    )
+    if pilots:
+        text += (
+            "; not counted: the pilot rows, on which the recipe was chosen (with the baseline, on the same dev set): "
+            + ", ".join(f"{r['row']} {r['direction'][m]}" for r in pilots)
+        )
+    more = len(rows) - len(counted)
+    return text + (f"; {more} more rows have one seed or are paper ties." if more else ".")
+
+
+# ---------------------------------------------------------------------------------------------
+# collect
+
+
+def markdown(sweep, source: dict, recs: list[dict]) -> str:
+    cols = markdown_header(sweep)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(markdown_cells(r, ctx.sweep)) + " |" for r in records]
-    return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in footer(ctx, records)) + "\n"
+    lines += ["| " + " | ".join(markdown_cells(r, sweep)) + " |" for r in recs]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in footer(sweep, source, recs)) + "\n"
 
 
-def to_csv(ctx: Context, records: list[dict]) -> str:
+def to_csv(sweep, recs: list[dict]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(header(ctx.sweep))
-    writer.writerows(cells(r, ctx.sweep) for r in records)
+    writer.writerow(header(sweep))
+    writer.writerows(cells(r, sweep) for r in recs)
     return out.getvalue()
 
 
-def out_dir(ctx: Context):
-    directory = paths.as_path(ctx.args.out or f"{ctx.root}/results")
+def collect(ctx: Context, runs, doc: dict, directory) -> int:
+    """table.md, table.csv and results.json from the records `doc`, and the records themselves
+    (unless they came from a results.json, which holds no raw records)."""
+    recs = gather(ctx, runs, doc)
+    source = doc["header"]
     directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-def collect(ctx: Context, runs) -> int:
-    records = gather(ctx, runs)
-    directory = out_dir(ctx)
-    table = markdown(ctx, records)
+    table = markdown(ctx.sweep, source, recs)
+    document = {"sweep": ctx.sweep.name, "profile": source["profile"], "source": source,
+                "footer": footer(ctx.sweep, source, recs), "rows": recs}  # fmt: skip
+    written = ["table.md", "table.csv", "results.json"]
     paths.write_atomic(directory / "table.md", table)
-    paths.write_atomic(directory / "table.csv", to_csv(ctx, records))
-    document = {"sweep": ctx.sweep.name, "profile": ctx.profile, "footer": footer(ctx, records), "rows": records}
+    paths.write_atomic(directory / "table.csv", to_csv(ctx.sweep, recs))
     paths.write_atomic(directory / "results.json", json.dumps(document, indent=2) + "\n")
+    if source["origin"] != records.FROM_RESULTS:
+        records.write(directory / records.NAME, doc)
+        written.append(records.NAME)
     print(table, end="")
-    print(f"\nwritten: {directory}/table.md, table.csv, results.json")
+    print(f"\nwritten: {directory}/{', '.join(written)}")
     return exitcodes.OK
 
 
 # ---------------------------------------------------------------------------------------------
-# plot
+# Where the records come from: a file instead of the root
 
 
-def curve(ctx: Context, rep, key: str = "dev_ppl") -> dict[int, float]:
-    """{step: value} of a run's logged `key` (its learning curve; damaged lines are passed over)."""
-    logged = paths.Workdir(ctx.workdir(rep)).logged()
-    return {point["step"]: point[key] for point in logged if isinstance(point.get(key), float)}
-
-
-def band(ctx: Context, run, key: str = "dev_ppl") -> tuple[list[int], list[float], list[float], list[float]]:
-    """A row's learning curve over its seeds: (steps every seed logged, mean, min, max)."""
-    curves = [c for c in (curve(ctx, rep, key) for rep in ctx.replicates(run)) if c]
-    if not curves:
-        return [], [], [], []
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
-    values = [[c[s] for c in curves] for s in steps]
-    return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
-
-
-def group_of(name: str) -> str:
-    """A row's group: its name without the trailing number (A3 -> A; base, big stay)."""
-    return re.sub(r"\d+$", "", name)
-
-
-def plot(ctx: Context, runs) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
-    sweep = ctx.sweep
-    records = gather(ctx, runs)
-    directory = out_dir(ctx)
-    written = []
-    others = [r for r in records if r["row"] != sweep.baseline]
-
-    metrics = list(sweep.metrics)
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(max(8, 0.5 * len(others) + 2), 3.2 * len(metrics)))
-    axes = [axes] if len(metrics) == 1 else list(axes)
-    x = range(len(others))
-    for ax, m in zip(axes, metrics):
-        base = next((r for r in records if r["row"] == sweep.baseline), None)
-        for offset, side, color in ((-0.2, "ours", "tab:blue"), (0.2, "paper", "tab:gray")):
-            values = [relative(r, base, side, m) for r in others]
-            errors = [relative_se(r, base, m) if side == "ours" else 0 for r in others]
-            ax.bar([i + offset for i in x], [v if v is not None else 0 for v in values], width=0.4, color=color,
-                   yerr=[2 * e for e in errors] if side == "ours" else None, capsize=2,
-                   label="paper" if side == "paper" else f"ours ({ctx.profile}), ± 2 SE")  # fmt: skip
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_yscale("symlog", linthresh=10)  # a row that failed to train must not flatten the others
-        ax.set_xticks(list(x), [r["row"] for r in others])
-        ax.set_ylabel(f"{m.upper()} change vs {sweep.baseline} (%, symlog)")
-        ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): change versus {sweep.baseline}, ours beside the paper")
-    fig.tight_layout()
-    written.append(save(fig, directory / "delta.png"))
-
-    metric = metrics[0]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, side, params_key in ((axes[0], "ours", "params"), (axes[1], "paper", "paper_params")):
-        points = [(r[params_key] / 1e6, r[side][metric], r["row"]) for r in records
-                  if r[params_key] and r[side][metric] is not None]  # fmt: skip
-        spread = [(r["sd"][metric] or 0) if side == "ours" else 0 for r in records
-                  if r[params_key] and r[side][metric] is not None]  # fmt: skip
-        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=spread, fmt="o", capsize=2)
-        for px, py, name in points:
-            ax.annotate(name, (px, py), fontsize=8, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("parameters (millions)")
-        ax.set_ylabel(f"dev {metric.upper()}")
-        ax.set_title("ours (mean ± sd over seeds)" if side == "ours" else "paper")
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): dev {metric.upper()} against parameters")
-    fig.tight_layout()
-    written.append(save(fig, directory / "params.png"))
-
-    groups = []
-    for run in runs:
-        g = group_of(run.name)
-        if run.name != sweep.baseline and g not in groups:
-            groups.append(g)
-    if groups:
-        base_run = next((r for r in sweep.runs if r.name == sweep.baseline), None)
-        cols = min(3, len(groups))
-        rows = (len(groups) + cols - 1) // cols
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
-        for ax, g in zip(axes.flat, groups):
-            members = [run for run in runs if group_of(run.name) == g and run.name != sweep.baseline]
-            for run in ([base_run] if base_run else []) + members:
-                steps, mean, low, high = band(ctx, run)
-                style = {"color": "black", "linestyle": "--"} if run is base_run else {}
-                line = ax.plot(steps, mean, label=run.name, **style)[0]
-                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-            ax.set_yscale("log")
-            ax.set_title(f"group {g}")
-            ax.set_xlabel("step")
-            ax.set_ylabel("dev PPL")
-            ax.legend(fontsize=7)
-        for ax in list(axes.flat)[len(groups) :]:
-            ax.axis("off")
-        fig.suptitle(f"{sweep.name} ({ctx.profile}): dev perplexity during training (mean over seeds, band: min-max)")
-        fig.tight_layout()
-        written.append(save(fig, directory / "curves.png"))
-    print("written: " + ", ".join(str(p) for p in written))
-    return exitcodes.OK
-
-
-def relative(record: dict, base: dict | None, side: str, metric: str) -> float | None:
-    """Percent change of `metric` versus the baseline (scales differ between ours and the paper's);
-    ours is the mean paired difference."""
-    if base is None or not base[side][metric]:
-        return None
-    delta = record[f"delta_{side}"][metric]
-    return None if delta is None else 100 * delta / base[side][metric]
-
-
-def relative_se(record: dict, base: dict | None, metric: str) -> float:
-    """The standard error of our paired difference, in percent of the baseline's mean (0 if unknown)."""
-    if base is None or not base["ours"][metric] or record["se"][metric] is None:
-        return 0.0
-    return 100 * record["se"][metric] / base["ours"][metric]
-
-
-def save(fig, path):
-    import matplotlib.pyplot as plt
-
-    with path.open("wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-    return path
-
-
-def main(verb: str, ctx: Context, runs) -> int:
-    return collect(ctx, runs) if verb == "collect" else plot(ctx, runs)
+def from_file(args, extra: list[str]) -> tuple[Context, list, dict, str]:
+    """(the sweep as the file's records describe it, its rows, the records, the file's folder) for
+    --from_records (a records.jsonl.gz collect wrote) or --from_results (a results.json)."""
+    if args.root:
+        raise UserError("--from_records and --from_results need no --root: the records name it; give one or the other.")
+    if args.from_records and args.from_results:
+        raise UserError("give --from_records or --from_results, not both.")
+    path = args.from_records or args.from_results
+    doc = records.read(path) if args.from_records else records.from_results(path)
+    found = doc["header"]
+    if args.profile and args.profile != found["profile"]:
+        raise UserError(f"{path} holds the {found['profile']} profile, not {args.profile}; leave out --profile.")
+    args.profile = found["profile"]
+    ctx = Context(args, list(found.get("extra", [])) or extra)
+    if ctx.sweep.name != found["sweep"]:
+        raise UserError(f"{path} holds records of the sweep {found['sweep']}, not {ctx.sweep.name}.")
+    rows = set(found["rows"])
+    runs = [run for run in ctx.sweep.select(args.only) if run.name in rows]
+    return ctx, runs, doc, str(paths.as_path(path).parent)

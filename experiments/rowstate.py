@@ -88,6 +88,7 @@ class RowState:
     logged_step: int = 0  # the last step in metrics.jsonl
     results: dict | None = None  # fxformer.evaluate's JSON for the final step, if written
     config: dict | None = None  # the workdir's config.json
+    unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
 
     @property
     def total_steps(self) -> int | None:
@@ -117,11 +118,14 @@ class RowState:
         return owner if alive else None
 
     def state(self, lease_s: float = DEFAULT_LEASE_S) -> RowStatus:
-        """The row's status from its files (every RowStatus but one a launcher reports alone)."""
-        if self.results is not None:
+        """The row's status from its files (every RowStatus but one a launcher reports alone); a row
+        evaluated on its first split but not on every other is TRAINED: its evaluation goes on."""
+        if self.results is not None and not self.unevaluated:
             return RowStatus.FINISHED
         if self.holder(lease_s):
             return RowStatus.SUBMITTED if self.status.get("job_id") else RowStatus.RUNNING
+        if self.results is not None:
+            return RowStatus.TRAINED
         total = self.total_steps
         if total is not None and self.checkpoint_steps and max(self.checkpoint_steps) >= total:
             return RowStatus.TRAINED
@@ -141,8 +145,9 @@ class RowState:
         return (total - self.step) / rate
 
 
-def read(workdir: paths.Workdir, eval_split: str) -> RowState:
-    """The row's state from its files (missing files are simply absent state)."""
+def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple[str, ...] = ()) -> RowState:
+    """The row's state from its files (missing files are simply absent state): `results` are those
+    of `eval_split`, and a row is finished once `more_splits` have theirs too."""
     w = paths.Workdir(workdir)
     row = RowState(w)
     if w.sweep_status.exists():
@@ -158,6 +163,7 @@ def read(workdir: paths.Workdir, eval_split: str) -> RowState:
         result = w.eval_result(eval_split, [total])
         if result.exists():
             row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
+        row.unevaluated = [s for s in (eval_split, *more_splits) if not w.eval_result(s, [total]).exists()]
     return row
 
 

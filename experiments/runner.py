@@ -4,10 +4,13 @@
     python -m experiments run    table3 --root=runs/table3-mini --profile=mini [--seeds=3] [--parallel=2]
     python -m experiments status table3 --root=runs/table3-mini
     python -m experiments run    table3 --root=gs://bucket/table3 --backend=tpu --tpu=my-v4-32 --zone=us-central2-b
+    python -m experiments collect table3 --root=runs/table3-mini   # R/results: table.md, .csv, .json, records.jsonl.gz
+    python -m experiments collect table3 --from_records=runs/table3-mini/results/records.jsonl.gz  # no run directory
 
 Each row trains in `R/<row>` (its fxformer workdir, never date-stamped), its seed k > 0 in
-`R/<row>.s<k>`, then is evaluated the sweep's way. `run` is safe to repeat: finished rows are
-skipped, stopped rows resume from their checkpoints, trained rows are only evaluated, failed
+`R/<row>.s<k>`, then is evaluated the sweep's way (table3: on dev, then on the test set with the
+same decoding). `run` is safe to repeat: finished rows are skipped, stopped rows resume from
+their checkpoints, trained rows are only evaluated (on the splits still missing), failed
 rows are retried up to --max_attempts, rows another launcher holds are left alone, and a row
 whose resolved config changed since it started is refused (--move_changed moves the old run
 aside). Flags after -- go to every row's fxformer.train (e.g. --config.data.tfds_data_dir=...)
@@ -23,7 +26,7 @@ import signal
 import threading
 import time
 
-from experiments import backends, report, rowstate
+from experiments import backends, figures, records, report, rowstate
 from experiments.backends import Backend, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
 from experiments.context import Context, Replicate
@@ -35,7 +38,7 @@ VERBS = {
     "plan": "show the rows, the command each runs and the table in the paper's layout; runs nothing",
     "run": "train and evaluate every row not finished yet (resumable, safe to repeat)",
     "status": "per row and seed: state, step / total, attempts, ETA of running rows",
-    "collect": "the results table beside the reference (markdown, CSV, JSON) in R/results",
+    "collect": "the results table beside the reference (markdown, CSV, JSON) and its raw records in R/results",
     "plot": "PNG figures of the results in R/results (matplotlib)",
 }
 
@@ -59,7 +62,14 @@ def parser(verb: str) -> argparse.ArgumentParser:
     p.add_argument("--move_changed", action="store_true", help="move runs with a changed config aside, start over")
     p.add_argument("--lease_s", type=float, default=rowstate.DEFAULT_LEASE_S,
                    help="a row whose owner's heartbeat is older than this is taken over (300)")  # fmt: skip
-    p.add_argument("--out", default="", help="collect, plot: where the files go (default: R/results)")
+    p.add_argument("--out", default="", help="collect, plot: where the files go (default: R/results, or beside "
+                   "the --from_records / --from_results file)")
+    p.add_argument("--from_records", default="", metavar="FILE",
+                   help="collect, plot: from the raw records collect wrote (R/results/records.jsonl.gz) alone, with "
+                   "no run directory: table.md, table.csv and results.json come out byte for byte as collected")
+    p.add_argument("--from_results", default="", metavar="FILE",
+                   help="collect, plot: from the final figures per seed a results.json holds (an older one "
+                   "included): no learning curves and no raw records, so those columns stay blank")  # fmt: skip
     backends.add_flags(p)
     return p
 
@@ -92,7 +102,8 @@ def plan(ctx: Context, runs) -> int:
         job = ctx.job(rep)
         print(f"{rep.name}:")
         print(f"  python -m fxformer.train {shlex.join(job.train_flags)}")
-        print(f"  python -m fxformer.evaluate --workdir={job.workdir} {shlex.join(job.eval_flags)}")
+        for evaluation in job.evaluations([]):
+            print(f"  python -m {shlex.join(evaluation)}")
     print()
     print("\n".join(report.layout(ctx, runs)))
     return exitcodes.OK
@@ -265,7 +276,7 @@ def attempt(ctx: Context, rep: Replicate, backend: Backend, row: rowstate.RowSta
     saved = max(row.checkpoint_steps, default=0)  # where training goes on from
     what = "evaluate" if not train else f"resume from step {saved}" if saved else "train"
     say(f"{prefix}: {what} (step {saved}/{total}, attempt {row.attempts + 1}){eta}")
-    job = ctx.job(rep, train)
+    job = ctx.job(rep, train, None if train else row.unevaluated)  # evaluate alone: the splits still to do
     if args.dry_run:
         backend.launch(job, True)
         return RowStatus.PENDING
@@ -343,6 +354,8 @@ def main(verb: str, argv: list[str]) -> int:
         raise UserError(f"--max_attempts must be at least 1, not {args.max_attempts}.")
     if args.seeds < 0:
         raise UserError(f"--seeds must be at least 1, not {args.seeds}.")
+    if verb in ("collect", "plot") and (args.from_records or args.from_results):
+        return tables(verb, *report.from_file(args, extra))
     ctx = Context(args, extra)
     if verb in ("status", "collect", "plot") and not paths.as_path(ctx.root).exists():
         raise UserError(f"{ctx.root} does not exist, so no sweep has run there; give the --root that `run` used.")
@@ -353,4 +366,12 @@ def main(verb: str, argv: list[str]) -> int:
         return run_rows(ctx, runs)
     if verb == "status":
         return status(ctx, runs)
-    return report.main(verb, ctx, runs)
+    return tables(verb, ctx, runs, records.from_root(ctx, runs), f"{ctx.root}/results")
+
+
+def tables(verb: str, ctx: Context, runs, doc: dict, folder: str) -> int:
+    """collect or plot the sweep's records `doc` into --out (default `folder`)."""
+    directory = paths.as_path(ctx.args.out or folder)
+    if verb == "collect":
+        return report.collect(ctx, runs, doc, directory)
+    return figures.plot(ctx, runs, doc, directory)

@@ -1,15 +1,20 @@
 """The statistics of a replicated sweep: mean and spread over seeds, differences from the
-baseline paired by seed with their standard error, and when a difference is a direction.
+baseline paired by seed, and when a difference is a direction: a paired t-test on the
+seed-matched differences (row seed k - base seed k), two-sided, a direction where p < 0.05,
+with the 95% confidence interval of the mean difference; and the reference's ties.
 
-Plain Python (no numpy), so the no-JAX launcher keeps its light imports.
+Plain Python but for the test itself (scipy.stats, imported when a test is made), so the
+no-JAX launcher keeps its light imports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
-TIE_SE = 2.0  # a mean paired difference within 2 standard errors of 0 is a tie (about 95%)
+ALPHA = 0.05  # two-sided: a paired difference is a direction where the t-test's p < ALPHA, else a tie
+LEVEL = 0.95  # the confidence interval of a mean paired difference
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
@@ -19,21 +24,60 @@ def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def paired(row: dict[int, float], base: dict[int, float]) -> tuple[float | None, float | None, int]:
-    """(mean difference row - base over the seeds both have, its standard error, pairs). The SE is
-    the pairs' sample sd over sqrt(pairs), None for a single pair."""
-    diffs = [row[k] - base[k] for k in sorted(row.keys() & base.keys())]
+@dataclasses.dataclass(frozen=True)
+class Paired:
+    """A row against the baseline over the seeds both have: the mean difference (row seed k -
+    base seed k), its standard error, the number of pairs, the mean of the base seeds in those
+    pairs (the matched base: matched + mean = the mean of the row's paired seeds), and the
+    paired t-test: t, its degrees of freedom (pairs - 1), the two-sided p and the 95% interval
+    of the mean difference. None where it cannot be said (no pair; one pair has no spread)."""
+
+    mean: float | None = None
+    se: float | None = None
+    pairs: int = 0
+    matched: float | None = None
+    t: float | None = None
+    df: int | None = None
+    p: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+def paired(row: dict[int, float], base: dict[int, float]) -> Paired:
+    """`row` against `base` ({seed: value} each), paired by seed."""
+    seeds = sorted(row.keys() & base.keys())
+    if not seeds:
+        return Paired()
+    diffs = [row[k] - base[k] for k in seeds]
     mean, sd = mean_sd(diffs)
-    return mean, None if sd is None else sd / math.sqrt(len(diffs)), len(diffs)
+    matched = statistics.fmean(base[k] for k in seeds)
+    if sd is None:
+        return Paired(mean, None, 1, matched)
+    t, p, low, high = t_test([row[k] for k in seeds], [base[k] for k in seeds])
+    return Paired(mean, sd / math.sqrt(len(seeds)), len(seeds), matched, t, len(seeds) - 1, p, low, high)
 
 
-def sign(difference: float | None, se: float | None, tie_se: float = TIE_SE) -> int | None:
-    """+1 or -1 where |difference| > tie_se standard errors, 0 for a tie, None where it cannot be said."""
-    if difference is None or se is None:
+def t_test(row: list[float], base: list[float]) -> tuple[float | None, float, float, float]:
+    """scipy's paired t-test of `row` against `base` (same length, 2 or more): (t, two-sided p,
+    the LEVEL interval of the mean difference). Differences that are all equal have no spread
+    to test against: t is None, p is 0 (1 where they are all 0) and the interval that value."""
+    diffs = [r - b for r, b in zip(row, base)]
+    if max(diffs) == min(diffs):
+        return None, 0.0 if diffs[0] else 1.0, diffs[0], diffs[0]
+    from scipy import stats as scipy_stats
+
+    result = scipy_stats.ttest_rel(row, base)
+    interval = result.confidence_interval(LEVEL)
+    return float(result.statistic), float(result.pvalue), float(interval.low), float(interval.high)
+
+
+def sign(test: Paired, alpha: float = ALPHA) -> int | None:
+    """+1 or -1 where the paired t-test gives p < alpha, 0 for a tie, None where it cannot be said."""
+    if test.mean is None or test.p is None:
         return None
-    if abs(difference) <= tie_se * se:
+    if test.p >= alpha:
         return 0
-    return 1 if difference > 0 else -1
+    return 1 if test.mean > 0 else -1
 
 
 def reference_sign(difference: float | None, base: float | None, noise: dict) -> int | None:
@@ -65,3 +109,25 @@ def verdict(ours: int | None, reference: int | None, pairs: int) -> str:
     if ours == 0:
         return "tie"
     return "agree" if ours == reference else "disagree"
+
+
+def late_share(curve: dict[int, float], total_steps: int, last: float = 0.2) -> float | None:
+    """The share of a learning curve's improvement ({step: dev PPL}, from its first point to its
+    last) made in the last `last` of the training steps: (value at the last point at or before
+    (1 - last) x total_steps - value at the end) / (first value - value at the end). Near 0: it
+    had levelled off; near `last` or above: still improving as fast as ever. None where the
+    curve has no point in the first (1 - last) of the steps or did not improve at all."""
+    steps = sorted(curve)
+    before = [s for s in steps if s <= (1 - last) * total_steps]
+    if len(steps) < 2 or not before:
+        return None
+    first, end = curve[steps[0]], curve[steps[-1]]
+    if first <= end:
+        return None
+    return (curve[before[-1]] - end) / (first - end)
+
+
+def at_fraction(curve: dict[int, float], total_steps: int, fraction: float) -> float | None:
+    """A curve's value at its last point at or before `fraction` of the training steps."""
+    steps = [s for s in curve if s <= fraction * total_steps]
+    return curve[max(steps)] if steps else None

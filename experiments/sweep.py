@@ -13,6 +13,8 @@ habit), returning a plain dict; `configs/table3.py` is the first:
             "eval_flags": ["--split=validation", "--average_last=1"],
             "replicates": {"base": 5, "*": 3},       # seeds per run (or one number); default 1
             "noise": {"ppl": {"log_sd": 0.003}},      # the reference's run-to-run sd, for its ties
+            "more_splits": ["test"],                  # the same evaluation on these splits too
+            "pilot_rows": ["D1", "C1"],               # rows that chose the recipe: marked, not counted
         }
 
 A run is a config spec, optionally with overrides: `("configs/default.py", {"model.d_model": 256})`.
@@ -32,6 +34,7 @@ import itertools
 import json
 from pathlib import Path
 
+from experiments.cli import flag_value
 from fxformer import configfile
 from fxformer.errors import UserError
 
@@ -70,6 +73,22 @@ class Sweep:
     replicates: dict = dataclasses.field(default_factory=dict)  # run name or pattern -> seeds; "*" the rest
     noise: dict = dataclasses.field(default_factory=dict)  # metric -> the reference's per-run sd: {"log_sd": ..}
     noise_source: str = ""  # where that sd comes from, for the table's footer
+    more_splits: tuple[str, ...] = ()  # evaluated too, with eval_flags' decoding: e.g. the test set beside dev
+    pilot_rows: tuple[str, ...] = ()  # rows looked at to choose the recipe: marked, left out of the count
+
+    @property
+    def eval_split(self) -> str:
+        """The split the table is judged on: eval_flags' --split (fxformer.evaluate's default, test, without)."""
+        return flag_value(list(self.eval_flags), "split") or "test"
+
+    def evaluations(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(split, fxformer.evaluate's flags) of every evaluation of a row: eval_split's first, then
+        each of more_splits with the same flags but its --split."""
+        out = [(self.eval_split, self.eval_flags)]
+        for split in self.more_splits:
+            if split not in (s for s, _ in out):
+                out.append((split, with_split(self.eval_flags, split)))
+        return out
 
     def replicates_of(self, name: str) -> int:
         """How many seeds of run `name` the sweep runs (its entry, else the first matching pattern, else 1)."""
@@ -87,6 +106,20 @@ class Sweep:
                 names = ", ".join(run.name for run in self.runs)
                 raise UserError(f"--only: '{pattern}' matches no run of {self.name}; its runs are {names}.")
         return [run for run in self.runs if any(fnmatch.fnmatchcase(run.name, p) for p in patterns)]
+
+
+def with_split(flags: tuple[str, ...], split: str) -> tuple[str, ...]:
+    """`flags` with their --split (either form) set to `split`, appended if they had none."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--split" or flag.startswith("--split="):
+            out.append(f"--split={split}")
+            skip = flag == "--split"
+        else:
+            out.append(flag)
+    return tuple(out) if f"--split={split}" in out else (*out, f"--split={split}")
 
 
 def axis(key: str, values) -> list[dict]:
@@ -132,6 +165,8 @@ def from_dict(name: str, profile: str, description: dict) -> Sweep:
         eval_flags=tuple(description.get("eval_flags", ())),
         noise=dict(description.get("noise", {})),
         noise_source=description.get("noise_source", ""),
+        more_splits=tuple(description.get("more_splits", ())),
+        pilot_rows=tuple(description.get("pilot_rows", ())),
         replicates=counts if isinstance(counts := description.get("replicates", 1), dict) else {"*": counts},
     )
 

@@ -1,10 +1,10 @@
 """The launcher's hands on one host: run fxformer's commands there, and stop only what it started.
 
-    python -m experiments.worker --rundir=DIR [--then='fxformer.evaluate --workdir=W'] -- fxformer.train <flags>
+    python -m experiments.worker --rundir=DIR [--then='fxformer.evaluate --workdir=W' ...] -- fxformer.train <flags>
     python -m experiments.worker --rundir=DIR --stop
 
-Runs `python -m <the module and flags after -->` (then the `--then` command, if given and the
-first finished with status 0), each in its own session with its output appended to
+Runs `python -m <the module and flags after -->` (then each `--then` command in turn, while the
+one before finished with status 0), each in its own session with its output appended to
 DIR/worker.log, which this process follows on stdout. DIR/pid names the command running now:
 `--stop` sends SIGTERM to that process alone (it saves and exits 75), never `pkill python`.
 SIGTERM or Ctrl-C to this process is forwarded the same way; a lost ssh connection (SIGHUP)
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--rundir", required=True, help="where this host keeps worker.log and pid")
-    p.add_argument("--then", default="", help="a second fxformer command (module and flags) to run after the first")
+    p.add_argument("--then", action="append", default=[],
+                   help="an fxformer command (module and flags) to run after the first; repeat for more")  # fmt: skip
     p.add_argument("--stop", action="store_true", help="SIGTERM the command this rundir's worker started")
     p.add_argument("--kill", action="store_true", help="with --stop: SIGKILL instead (a process that hangs)")
     args = p.parse_args(ours)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if not train_flags or not train_flags[0].startswith("fxformer."):
         p.error("give the fxformer command after --, e.g. -- fxformer.train --config=C --workdir=W")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a lost ssh connection leaves the run going
-    commands = [train_flags] + ([shlex.split(args.then)] if args.then else [])
+    commands = [train_flags, *(shlex.split(then) for then in args.then)]
     return run(rundir, [[sys.executable, "-m", *command] for command in commands])
 
 

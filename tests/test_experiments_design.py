@@ -166,10 +166,11 @@ def test_run_row_acts_on_each_outcome_of_a_launch(case, tmp_path):
     total = runs.wanted[rep.name]["num_train_steps"]
     workdir = paths.Workdir(ctx.workdir(rep))
 
-    def evaluate(job: Job) -> None:  # the evaluation's result file, which makes the row finished
-        result = paths.Workdir(job.workdir).eval / f"{ctx.eval_split}-{total}.json"
-        result.parent.mkdir(parents=True, exist_ok=True)
-        result.write_text(json.dumps({"ppl": 5.0, "bleu": 25.0}))
+    def evaluate(job: Job) -> None:  # the evaluations' result files (dev, then test), which make the row finished
+        for split in (ctx.eval_split, *ctx.more_splits):
+            result = paths.Workdir(job.workdir).eval / f"{split}-{total}.json"
+            result.parent.mkdir(parents=True, exist_ok=True)
+            result.write_text(json.dumps({"ppl": 5.0, "bleu": 25.0}))
 
     backend = FakeBackend(launched, evaluate if case == "finished" else lambda job: None)
     if case == "held":

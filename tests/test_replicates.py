@@ -1,11 +1,17 @@
 """Replicated sweeps: seeds as part of a sweep (init, dropout and data order, paired by seed), the
-statistics `collect` reports (checked against NumPy on hand-made results), the tie rule, rows side
-by side (`--parallel`), a stopped replicate resuming alone, and golden dry-runs of a replicated row.
+statistics `collect` reports (checked against NumPy on hand-made results), the tie rule (a paired
+t-test, checked against scipy and the closed form for 2 degrees of freedom), the raw records a
+table is rebuilt from byte for byte, pilot rows, test beside dev and convergence (a fake sweep,
+no training), the committed mini table, rows side by side (`--parallel`), a stopped replicate
+resuming alone, and golden dry-runs of a replicated row.
 
 Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_replicates.py`.
 """
 
+import gzip
 import json
+import math
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -13,11 +19,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 from test_launch import check_golden, head_commit
 from test_sweep import LONGER, experiments, losses, started_until_checkpoint, sweep_command
 
 from experiments import __main__ as experiments_main
-from experiments import report, runner, stats
+from experiments import records, report, runner, stats
 from experiments.context import Context, Replicate
 from fxformer import exitcodes, optim, trainstate
 from fxformer.data import pipeline, token_ids
@@ -32,18 +39,75 @@ def context(root, *flags) -> Context:
 # ---------------------------------------------------------------------------------------------
 # The statistics
 
+# Student's t, 97.5% quantile, 2 degrees of freedom: F(t) = 0.975 solved in closed form (below), 4.3026527297494637;
+# the often quoted 4.302652729911275 agrees to 10 digits (F there is 0.9750000000017)
+T_975_DF2 = 19 / 20 * math.sqrt(800 / 39)
 
-def test_tie_rule_is_two_standard_errors():
-    assert stats.sign(1.0, 1.0) == 0 and stats.sign(-1.0, 1.0) == 0  # 1 SE: a tie
-    assert stats.sign(2.0, 1.0) == 0  # exactly 2 SE is still a tie
-    assert stats.sign(3.0, 1.0) == 1 and stats.sign(-3.0, 1.0) == -1  # 3 SE: a direction
-    assert stats.sign(3.0, None) is None  # one pair: no SE, no direction
+
+def t_cdf_df2(t: float) -> float:
+    """Student's t distribution with 2 degrees of freedom in closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def test_the_paired_t_test_equals_scipy_and_the_closed_form_for_two_degrees_of_freedom():
+    base, row = [2.00, 2.10, 1.95], [2.30, 2.31, 2.20]  # seeds 0, 1, 2 of each
+    test = stats.paired(dict(enumerate(row)), dict(enumerate(base)))
+    diffs = np.array(row) - np.array(base)
+    se = diffs.std(ddof=1) / math.sqrt(3)
+    assert test.pairs == 3 and test.df == 2
+    assert test.mean == pytest.approx(diffs.mean()) and test.se == pytest.approx(se)
+    assert test.matched == pytest.approx(np.mean(base))  # the base seeds Δ is measured from
+    reference = scipy_stats.ttest_rel(row, base)
+    interval = reference.confidence_interval(0.95)
+    assert (test.t, test.p) == pytest.approx((reference.statistic, reference.pvalue), rel=1e-12)
+    assert (test.low, test.high) == pytest.approx((interval.low, interval.high), rel=1e-12)
+    # The same from the formula: t = mean / SE; p = 2 (1 - F(|t|)); CI = mean ± t_0.975,2 SE
+    t = diffs.mean() / se
+    assert test.t == pytest.approx(t, rel=1e-12)
+    assert test.p == pytest.approx(2 * (1 - t_cdf_df2(abs(t))), rel=1e-9)
+    assert (test.low, test.high) == pytest.approx((diffs.mean() - T_975_DF2 * se, diffs.mean() + T_975_DF2 * se))
+    # ...whose quantile is q sqrt(2 / (1 - q^2)), q = 2 x 0.975 - 1 = 19/20, by inverting F: 19/20 sqrt(800/39)
+    assert T_975_DF2 == pytest.approx(4.302652729911275, rel=1e-10)
+    assert t_cdf_df2(T_975_DF2) == pytest.approx(0.975, rel=1e-12)
+    assert scipy_stats.t.ppf(0.975, 2) == pytest.approx(T_975_DF2, rel=1e-12)
+    # more pairs: scipy's test on 5 (df 4)
+    row5, base5 = [1, 2.1, 3.4, 4.9, 6.6], [1.1, 2, 3, 4, 4.9]
+    five = stats.paired(dict(enumerate(row5)), dict(enumerate(base5)))
+    assert five.df == 4 and five.p == pytest.approx(scipy_stats.ttest_rel(row5, base5).pvalue, rel=1e-12)
+
+
+def pairs_at(standard_errors: float) -> tuple[dict, dict]:
+    """Three pairs whose mean difference is `standard_errors` SE: differences m - 1, m, m + 1 (sd 1)."""
+    mean = standard_errors / math.sqrt(3)
+    base = {0: 10.0, 1: 11.0, 2: 12.0}
+    return {k: base[k] + mean + d for k, d in zip(base, (-1, 0, 1))}, base
+
+
+def test_with_three_pairs_2_5_standard_errors_is_a_tie_and_5_a_direction():
+    tie, direction = stats.paired(*pairs_at(2.5)), stats.paired(*pairs_at(5.0))
+    assert tie.t == pytest.approx(2.5) and direction.t == pytest.approx(5.0)
+    assert tie.p == pytest.approx(1 - 2.5 / math.sqrt(2 + 2.5**2)) and tie.p > 0.05  # p = 0.130
+    assert direction.p == pytest.approx(1 - 5 / math.sqrt(2 + 5**2)) and direction.p < 0.05  # p = 0.038
+    assert stats.sign(tie) == 0 and stats.sign(direction) == 1  # the old 2-SE rule called 2.5 SE a direction
+    assert stats.sign(stats.paired(*reversed(pairs_at(5.0)))) == -1
+    assert stats.sign(stats.paired({0: 3.0}, {0: 1.0})) is None  # one pair: no spread, no test
+    assert stats.verdict(stats.sign(tie), 1, 3) == "tie" and stats.verdict(stats.sign(direction), 1, 3) == "agree"
     assert stats.verdict(1, 1, 3) == "agree" and stats.verdict(-1, 1, 3) == "disagree"
     assert stats.verdict(0, 1, 3) == "tie" and stats.verdict(1, 0, 3) == "paper tie, ours not"
     # The reference is a tie within 2 sqrt(2) per-run sd of its log: 4.92 -> 4.88 is 0.0082 nats
     assert stats.reference_sign(-0.04, 4.92, {"log_sd": 0.003}) == 0
     assert stats.reference_sign(0.08, 4.92, {"log_sd": 0.003}) == 1
     assert stats.reference_sign(-0.5, 25.8, {"sd": 0.2}) == 0 and stats.reference_sign(-0.6, 25.8, {"sd": 0.2}) == -1
+
+
+def test_convergence_share_and_values_along_a_curve():
+    curve = {100: 10.0, 200: 6.0, 400: 4.0, 800: 3.0, 1000: 2.5}  # improved 7.5 in all, 0.5 after step 800
+    assert stats.late_share(curve, 1000) == pytest.approx(0.5 / 7.5)
+    assert stats.late_share({100: 10.0, 700: 3.0, 1000: 2.5}, 1000) == pytest.approx(0.5 / 7.5)  # last point <= 800
+    assert stats.late_share({900: 3.0, 1000: 2.5}, 1000) is None  # no point before the last 20%
+    assert stats.late_share({100: 2.0, 1000: 2.5}, 1000) is None  # no improvement to share
+    assert [stats.at_fraction(curve, 1000, f) for f in (0.25, 0.5, 1.0)] == [6.0, 4.0, 2.5]
+    assert stats.at_fraction(curve, 3000, 0.25) == 4.0  # big: a quarter of its own 3,000 steps
 
 
 HAND_MADE = {  # row -> dev PPL and BLEU of seeds 0, 1, 2 (base has 4 seeds: seed 3 has no partner)
@@ -101,10 +165,11 @@ def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
     assert status == 0
     table = (Path(ctx.root) / "results" / "table.md").read_text()
     b1 = next(line for line in table.splitlines() if line.startswith("| B1 |"))
-    assert "2.270 ± 0.061" in b1 and "+0.253 ± 0.026" in b1  # mean ± sd; paired Δ ± SE (NumPy above)
+    assert "2.270 ± 0.061" in b1 and "+0.253 [+0.141, +0.365]" in b1  # mean ± sd; paired Δ [95% CI]
+    assert "| 2.017 |" in b1 and "9.73 (2), p=0.010" in b1  # the matched base (seeds 0-2); t (df), p
     c1 = next(line for line in table.splitlines() if line.startswith("| C1 |"))
     assert "2.020 ± n/a" in c1 and "1 seed" in c1
-    assert "2 SE" in table and "log_sd" not in table  # the footer states the rules in words
+    assert "paired t-test" in table and "log_sd" not in table  # the footer states the rules in words
     saved = json.loads((Path(ctx.root) / "results" / "results.json").read_text())
     assert saved["rows"][1]["seeds"]["ppl"] == {"0": 2.3, "1": 2.31, "2": 2.2}
 
@@ -122,6 +187,127 @@ def test_collect_says_whether_runs_end_at_their_lowest_dev_perplexity(tmp_path):
     note = report.end_note(records)
     sd_b1 = np.std(HAND_MADE["B1"][0], ddof=1)  # 0.061: B1 rise of 0.4 is above it; base 0.05 below its 0.065
     assert f"B1 (+0.400, seed sd {sd_b1:.3f})" in note and "base (" not in note and "in 0 of 2 rows" in note
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw records, pilot rows, the test set and convergence: a fake mini sweep, no training
+
+SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+FAKE = {  # row -> per seed: dev PPL at steps 200, 500 and 1000 (1/4, 1/2, all of 1,000), test (PPL, BLEU) or None
+    "base": [((4.0, 2.40, 1.80), (1.90, 60.0)), ((4.1, 2.50, 1.85), (1.95, 59.0)), ((3.9, 2.30, 1.75), (1.85, 61.0))],
+    "A1": [((4.10, 2.45, 1.70), None), ((4.20, 2.55, 1.73), None), ((3.95, 2.33, 1.67), None)],  # no test yet
+    "C1": [((3.50, 2.40, 2.10), (2.20, 55.0)), ((3.62, 2.52, 2.14), (2.25, 54.0)), ((3.41, 2.31, 2.06), (2.15, 56.0))],
+    "D1": [((4.50, 2.90, 2.30), (2.40, 50.0)), ((4.40, 2.95, 2.31), (2.41, 51.0)), ((4.70, 2.80, 2.32), (2.42, 49.0))],
+}
+
+
+def fake_curve(quarter: float, half: float, end: float) -> dict[int, float]:
+    """Dev PPL every 100 steps through the three given points (falling throughout)."""
+    curve = {100: 1.5 * quarter, 200: quarter, 300: (2 * quarter + half) / 3, 400: (quarter + 2 * half) / 3, 500: half}
+    curve |= {s: half + (end - half) * (s - 500) / 500 for s in range(600, 1001, 100)}
+    return curve
+
+
+def fake_workdir(workdir: Path, config: dict, curve: dict[int, float], test, bleu: float) -> None:
+    """A replicate's workdir as fxformer.train and fxformer.evaluate (dev, then test) leave it."""
+    total = config["num_train_steps"]
+    (workdir / "eval").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(config))
+    (workdir / "run.json").write_text(json.dumps({"devices": 1, "platform": "cpu", "num_params": 411904}))
+    (workdir / "sweep.json").write_text(json.dumps({"state": "finished", "attempts": 1, "commit": "0123456789ab"}))
+    lines = []
+    for step in range(25, total + 1, 25):
+        line = {"step": step, "loss": 4.0 - step / 500, "ppl": math.exp(4.0 - step / 500), "learning_rate": 1e-3}
+        if step in curve:
+            line |= {"dev_loss": math.log(curve[step]), "dev_nll": math.log(curve[step]), "dev_ppl": curve[step]}
+        lines.append(json.dumps({**line, "tokens_seen": 950.0 * step, "wall_s": 0.2 * step, "epochs": step / 40}))
+    (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for split, figures, n in (("validation", (curve[total], bleu), 500), ("test", test, 1000)):
+        if figures is None:
+            continue
+        result = {"bleu": figures[1], "chrf": 70.0, "signature": SIGNATURE, "ppl": figures[0], "num_sentences": n,
+                  "split": split, "checkpoint_steps": [total], "beam_size": 4, "alpha": 0.6, "num_params": 411904,
+                  "devices": 1}  # fmt: skip
+        (workdir / "eval" / f"{split}-{total}.json").write_text(json.dumps(result))
+
+
+def fake_mini_sweep(root: Path) -> Context:
+    args = runner.parser("collect").parse_args(["table3", f"--root={root}", "--profile=mini", "--seeds=3"])
+    ctx = Context(args, [])
+    ctx.record()  # R/sweep-root.json, as `run` leaves it: the profile and the seeds
+    for run in ctx.sweep.select(",".join(FAKE)):
+        for k, (points, test) in enumerate(FAKE[run.name]):
+            rep = Replicate(run, k)
+            fake_workdir(root / rep.name, rep.resolved(()), fake_curve(*points), test, 60.0 - 10 * points[2] + k)
+    return ctx
+
+
+def test_collect_from_the_records_alone_rebuilds_the_table_byte_for_byte(tmp_path, capsys):
+    root, elsewhere = tmp_path / "t3", tmp_path / "elsewhere"
+    fake_mini_sweep(root)
+    only = f"--only={','.join(FAKE)}"
+    assert experiments_main.main(["collect", "table3", f"--root={root}", "--seeds=3", only]) == 0
+    collected = {name: (root / "results" / name).read_bytes() for name in ("table.md", "table.csv", "results.json")}
+    elsewhere.mkdir()
+    records = elsewhere / "records.jsonl.gz"
+    records.write_bytes((root / "results" / "records.jsonl.gz").read_bytes())
+    shutil.rmtree(root)  # no run directory left
+    assert experiments_main.main(["collect", "table3", f"--from_records={records}"]) == 0
+    for name, data in collected.items():
+        assert (elsewhere / name).read_bytes() == data, name
+    assert records.stat().st_size < 20_000  # 12 runs; a whole sweep stays well under 2 MB
+    lines = gzip.decompress(records.read_bytes()).decode().splitlines()
+    header, first = json.loads(lines[0]), json.loads(lines[1])
+    assert header["profile"] == "mini" and header["rows"] == list(FAKE) and len(lines) == 1 + 12
+    assert first["name"] == "base" and set(first["evals"]) == {"validation", "test"}
+    assert first["curve"][3] == {"step": 100, "tokens_seen": 95000.0, "loss": 3.8, "dev_ppl": 6.0}
+    assert experiments_main.main(["plot", "table3", f"--from_records={records}"]) == 0
+    assert all((elsewhere / f).read_bytes().startswith(b"\x89PNG") for f in ("delta.png", "params.png", "curves.png"))
+    capsys.readouterr()
+    assert experiments_main.main(["collect", "table3", f"--from_records={records}", "--root=x"]) != 0
+    assert "need no --root" in capsys.readouterr().err
+
+
+MINI = Path(__file__).resolve().parent.parent / "experiments" / "results" / "table3-mini"
+
+
+def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path):
+    out = tmp_path / "mini"
+    assert experiments_main.main(["collect", "table3", f"--from_results={MINI / 'results.json'}", f"--out={out}"]) == 0
+    for name in ("table.md", "table.csv", "results.json"):
+        assert (out / name).read_bytes() == (MINI / name).read_bytes(), f"{name}: collect it again (its README)"
+    table = (MINI / "table.md").read_text()
+    assert "| C1 (pilot) |" in table and "| D1 (pilot) |" in table and "paired t-test" in table
+    assert "no learning curves and no raw records" in table and not (out / "records.jsonl.gz").exists()
+    assert "test: no evaluation in these records" in table
+    assert "hold no dev curves, so the convergence columns are blank" in table
+
+
+def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
+    ctx = fake_mini_sweep(tmp_path / "t3")
+    rows = {rec["row"]: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
+    table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
+    cells = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
+    assert rows["C1"]["pilot"] and rows["D1"]["pilot"] and not rows["A1"]["pilot"]
+    assert "C1 (pilot)" in cells and "D1 (pilot)" in cells
+    # test beside dev: C1's mean ± sd of its three test runs, A1's blank (no test evaluation yet)
+    assert rows["C1"]["more"]["test"]["ours"]["ppl"] == pytest.approx(2.20)
+    assert cells["C1 (pilot)"][6].strip() == "2.200 ± 0.050" and cells["A1"][6].strip() == ""
+    assert "and test, 1000 sentences, decoded the same way (3 of 4 rows)" in table
+    # the matched base is the mean of the base seeds Δ is measured from: row mean - matched base = Δ
+    a1 = rows["A1"]
+    assert a1["ours"]["ppl"] - a1["matched"]["ppl"] == pytest.approx(a1["delta_ours"]["ppl"])
+    # C1 learns faster at first (better at 1/4), level at 1/2, worse at the end, as in the paper
+    assert rows["C1"]["along"] == ["disagree", "tie", "agree"] and "disagree → tie → agree" in cells["C1 (pilot)"][-4]
+    for name, rec in rows.items():
+        curves = [fake_curve(*points) for points, _ in FAKE[name]]
+        share = np.mean([(c[800] - c[1000]) / (c[100] - c[1000]) for c in curves])
+        assert rec["late_share"] == pytest.approx(share), name
+        assert cells[f"{name} (pilot)" if rec["pilot"] else name][-3].strip() == f"{100 * share:.0f}%"
+    # the headline counts A1 alone: the pilot rows are named, with their verdicts, and not counted
+    count = next(line for line in table.splitlines() if line.startswith("PPL direction as the paper's"))
+    assert "0 agree, 0 tie, 1 disagree, of the 1 rows" in count and "(A1)" in count
+    assert "not counted: the pilot rows" in count and "C1 agree, D1 agree" in count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,8 +379,8 @@ def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
     collected = experiments("collect", "table3", f"--root={root}")
     assert collected.returncode == 0, collected.stderr[-2000:]
     lines = {line.split("|")[1].strip(): line for line in collected.stdout.splitlines() if line.startswith("| ")}
-    assert lines["base"].count(" ± ") >= 2 and "| 2 |" in lines["base"]
-    assert lines["B1"].count(" ± ") >= 4  # mean ± sd of PPL and BLEU, paired Δ ± SE of both
+    assert lines["base"].count(" ± ") >= 4 and "| 2 |" in lines["base"]  # mean ± sd of PPL and BLEU, dev and test
+    assert lines["B1"].count(" ± ") >= 4 and lines["B1"].count(" [") >= 2  # and paired Δ [95% CI] of both
     again = experiments("run", "table3", f"--root={root}", "--only=base,B1")  # the root remembers the rest
     assert again.returncode == 0 and again.stderr.count("skipped") == 4 and ": train" not in again.stderr
 

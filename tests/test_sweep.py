@@ -1,6 +1,7 @@
-"""Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, refuse a changed
-config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of an uninterrupted
-row, leases, and golden dry-runs of one row on the tpu and slurm backends.
+"""Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, dev then test,
+refuse a changed config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of
+an uninterrupted row, leases, params.png's labels, and golden dry-runs of one row on the tpu and
+slurm backends.
 
 Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_sweep.py`.
 """
@@ -8,6 +9,7 @@ Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/t
 import csv
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,6 +24,8 @@ from test_launch import check_golden, head_commit
 from experiments import __main__ as experiments_main
 from experiments import rowstate, runner
 from experiments import sweep as sweeps
+from experiments.context import Context
+from experiments.rowstate import RowStatus
 from fxformer import exitcodes, optim, paths
 from fxformer.errors import UserError
 
@@ -158,6 +162,8 @@ def test_smoke_sweep_trains_and_evaluates_each_row_the_papers_way(smoke):
         results = json.loads((root / row / "eval" / "validation-8.json").read_text())
         assert results["split"] == "validation" and results["beam_size"] == 4 and results["alpha"] == 0.6
         assert results["checkpoint_steps"] == [8]  # no averaging
+        test = json.loads((root / row / "eval" / "test-8.json").read_text())  # the test set, decoded the same way
+        assert test["split"] == "test" and test["beam_size"] == 4 and test["alpha"] == 0.6
         status = json.loads((root / row / "sweep.json").read_text())
         assert status["state"] == "finished" and status["attempts"] == 1 and status["owner"] is None
     assert json.loads((root / "B1" / "config.json").read_text())["model"]["d_k"] == 1  # 16 / 16, the smoke scale
@@ -201,7 +207,15 @@ def test_a_trained_but_unevaluated_row_is_only_evaluated(smoke):
     assert "E: evaluate (step 8/8" in result.stderr
     new = log.read_text()[size:]
     assert "fxformer.evaluate" in new and "fxformer.train" not in new
-    assert (root / "E" / "eval" / "validation-8.json").exists()
+    assert (root / "E" / "eval" / "validation-8.json").exists() and (root / "E" / "eval" / "test-8.json").exists()
+    for path in (root / "E" / "eval").glob("test-*"):  # evaluated on dev only (a root from before the test set)
+        path.unlink()
+    size = log.stat().st_size
+    result = experiments("run", "table3", f"--root={root}", "--only=E")
+    assert result.returncode == 0 and "E: evaluate (step 8/8" in result.stderr, result.stderr[-2000:]
+    new = log.read_text()[size:]
+    assert "--split=test" in new and "--split=validation" not in new  # the missing split alone
+    assert (root / "E" / "eval" / "test-8.json").exists()
 
 
 @pytest.mark.slow
@@ -217,6 +231,8 @@ def test_collect_on_a_partial_sweep_and_plot(smoke):
         assert float(by_row[name]["dev PPL ours"]) == pytest.approx(ours["ppl"], abs=0.006)
         assert float(by_row[name]["dev BLEU ours"]) == pytest.approx(ours["bleu"], abs=0.006)
         assert by_row[name]["state"] == "finished" and by_row[name]["steps"] == "8/8"
+        test = json.loads((root / name / "eval" / "test-8.json").read_text())
+        assert float(by_row[name]["test PPL ours"]) == pytest.approx(test["ppl"], abs=0.006)
     delta = float(by_row["B1"]["dev PPL ours"]) - float(by_row["base"]["dev PPL ours"])
     assert float(by_row["B1"]["ΔPPL ours"]) == pytest.approx(delta, abs=0.011)
     assert by_row["B1"]["ΔPPL paper"] == "+0.24" and by_row["B1"]["params paper (M)"] == "58"
@@ -226,12 +242,41 @@ def test_collect_on_a_partial_sweep_and_plot(smoke):
     table = (root / "results" / "table.md").read_text()
     assert "nrefs:1|case:mixed" in table and "beam 4, alpha 0.6" in table and "3 of 20 rows finished" in table
     assert "global batch 256 tokens" in table and "Devices: 1" in table
+    assert (root / "results" / "records.jsonl.gz").exists()  # the raw records the table was built from
 
     result = experiments("plot", "table3", f"--root={root}")
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("delta.png", "params.png", "curves.png"):
         data = (root / "results" / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_params_figure_labels_overlap_no_other_label_nor_marker():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments import figures
+
+    # the mini table's crowd: ten rows at base's parameter count, several a few hundredths apart
+    points = [(0.412, y, name) for y, name in zip((1.675, 1.567, 1.582, 2.135, 3.255, 2.086, 4.03, 1.656, 1.871, 1.719),
+                                                  ("base", "A1", "A2", "A3", "A4", "D1", "D2", "D3", "D4", "E"))]
+    points += [(0.428, 1.719, "E2"), (0.375, 2.143, "B2"), (0.357, 3.349, "B1"), (1.12, 1.254, "C5")]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o")
+    figures.log_axis(ax.xaxis)
+    ax.margins(x=0.15, y=0.12)
+    fig.tight_layout()
+    boxes = figures.place_labels(ax, points)
+    markers = [ax.transData.transform((x, y)) for x, y, _ in points]
+    frame = ax.get_window_extent()
+    plt.close(fig)
+    assert len(boxes) == len(points)
+    for i, box in enumerate(boxes):
+        assert figures.overlap(box, frame) == pytest.approx(box.width * box.height)  # inside the axes
+        assert all(figures.overlap(box, other) == 0 for other in boxes[i + 1 :])
+        assert all(figures.marker_overlap(box, m) == 0 for m in markers)
 
 
 @pytest.mark.slow
@@ -290,6 +335,47 @@ def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------
+# Every row on dev, then on the test set
+
+
+def test_every_row_is_evaluated_on_dev_then_on_the_test_set_with_the_same_decoding():
+    sweep = sweeps.load("table3", "mini")
+    (dev_split, dev), (test_split, test) = sweep.evaluations()
+    assert (dev_split, test_split) == ("validation", "test")
+    assert test == tuple(flag.replace("--split=validation", "--split=test") for flag in dev)
+    assert "--config.decode.beam_size=4" in test and "--average_last=1" in test
+    assert sweeps.with_split(("--split", "validation", "--x=1"), "test") == ("--split=test", "--x=1")
+    assert sweeps.with_split(("--x=1",), "test") == ("--x=1", "--split=test")  # evaluate's default was test
+
+
+def evaluate_commands(flags: list[str]) -> list[list[str]]:
+    """The fxformer commands a worker's flags run, in order: the one after --, then each --then."""
+    first = flags[flags.index("--") + 1 :]
+    thens = [shlex.split(f.removeprefix("--then=")) for f in flags if f.startswith("--then=")]
+    return [first, *thens]
+
+
+def test_a_row_evaluated_on_dev_but_not_on_test_is_trained_and_only_test_is_evaluated(tmp_path):
+    args = runner.parser("run").parse_args(["table3", f"--root={tmp_path}", "--profile=smoke", "--only=B1"])
+    ctx = Context(args, [])
+    [rep] = ctx.units(ctx.sweep.select("B1"))
+    train, dev, test = evaluate_commands(ctx.job(rep).worker_flags("rundir", []))  # train, then both evaluations
+    assert train[0] == "fxformer.train" and dev[0] == test[0] == "fxformer.evaluate"
+    assert "--split=validation" in dev and "--split=test" in test
+    workdir = tmp_path / "B1"
+    (workdir / "eval").mkdir(parents=True)
+    (workdir / "config.json").write_text(json.dumps(rep.resolved(())))
+    total = rep.resolved(())["num_train_steps"]
+    (workdir / "eval" / f"validation-{total}.json").write_text(json.dumps({"ppl": 2.0, "bleu": 50.0}))
+    row = ctx.read(rep)
+    assert row.state() == RowStatus.TRAINED and row.unevaluated == ["test"]
+    [only] = evaluate_commands(ctx.job(rep, False, row.unevaluated).worker_flags("rundir", []))
+    assert only[0] == "fxformer.evaluate" and "--split=test" in only and "--split=validation" not in only
+    (workdir / "eval" / f"test-{total}.json").write_text(json.dumps({"ppl": 2.1, "bleu": 49.0}))
+    assert ctx.read(rep).state() == RowStatus.FINISHED
+
+
+# ---------------------------------------------------------------------------------------------
 # Golden dry-runs of one row
 
 
@@ -303,6 +389,7 @@ def test_tpu_dry_run_of_one_row_matches_golden_file(fake_bucket, capsys):
     assert "B1: train (step 0/100000, attempt 1)" in out.err
     assert "--config=configs/table3.py:B1,paper --workdir=gs://bucket/table3/B1" in text
     assert "--then=fxformer.evaluate --distributed --workdir=gs://bucket/table3/B1 --split=validation" in text
+    assert "--then=fxformer.evaluate --distributed --workdir=gs://bucket/table3/B1 --split=test" in text
     assert not fake_bucket.store  # a dry run writes nothing
 
 
@@ -313,6 +400,7 @@ def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_slurm.txt", result.stdout)
     assert "--config=configs/table3.py:B1,paper --workdir=/shared/table3/B1 --distributed" in result.stdout
+    assert result.stdout.index("--split=validation") < result.stdout.index("--split=test")  # dev, then test
 
 
 @pytest.mark.slow

@@ -79,14 +79,12 @@ class Slurm:
                                ("account", a.account)) if value
         )  # fmt: skip
         train = shlex.join([a.python, "-m", "fxformer.train", *job.train_flags, "--distributed"])
-        command = shlex.join(
-            [a.python, "-m", "fxformer.evaluate", f"--workdir={job.workdir}", *job.eval_flags, "--distributed"]
-        )
-        evaluate = ""
-        if not job.train:  # a trained row of a sweep: the evaluation alone
-            train = command
-        elif job.evaluate:
-            evaluate = f'if [ "$status" = 0 ]; then\n  run_step {command}\n  status=$?\nfi\n'
+        commands = [shlex.join([a.python, "-m", *e, "--distributed"]) for e in job.evaluations([])]
+        if not job.train:  # a trained row of a sweep: the evaluations alone
+            train, *commands = commands
+        elif not job.evaluate:
+            commands = []
+        evaluate = "".join(f'if [ "$status" = 0 ]; then\n  run_step {c}\n  status=$?\nfi\n' for c in commands)
         return SCRIPT.format(
             name=job.name, nodes=a.nodes, gpus=a.gpus_per_node, optional=optional, logdir=job.logdir,
             train=train, evaluate=evaluate,

@@ -1,0 +1,291 @@
+"""A sweep's figures (`plot`), PNG files from the same records as its table (matplotlib, no display):
+
+    delta.png   per row and metric, the change versus the baseline in percent of it, ours (the paired
+                Δ over the matched base mean, with its 95% interval) beside the reference's, on a
+                linear axis, rows grouped as in the paper (A, B, C, D, E, big)
+    params.png  each row's dev figure against its parameter count, ours and the reference's, every
+                point labelled without overlap
+    curves.png  each group's dev perplexity during training, mean over seeds with the range (only
+                where the records hold learning curves)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from experiments import report
+from experiments.context import Context
+from fxformer import exitcodes
+
+
+def group_of(name: str) -> str:
+    """A row's group: its name without the trailing number (A3 -> A; base, big stay)."""
+    return re.sub(r"\d+$", "", name)
+
+
+def plot(ctx: Context, runs, doc: dict, directory) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    recs = report.gather(ctx, runs, doc)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [delta_figure(ctx, recs, directory / "delta.png"), params_figure(ctx, recs, directory / "params.png")]
+    by_row: dict[str, list[dict]] = {}
+    for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
+        by_row.setdefault(rep["row"], []).append(rep)
+    if any(report.dev_curves(reps, "dev_ppl") for reps in by_row.values()):
+        written.append(curves_figure(ctx, runs, by_row, directory / "curves.png"))
+    print("written: " + ", ".join(str(p) for p in written))
+    return exitcodes.OK
+
+
+# ---------------------------------------------------------------------------------------------
+# delta.png
+
+
+def relative(rec: dict, base: dict | None, metric: str) -> tuple[float | None, float | None, float | None]:
+    """Ours in percent of the matched base mean: (Δ, CI low, CI high); None where unknown."""
+    matched = rec["matched"][metric]
+    if not matched or rec["delta_ours"][metric] is None:
+        return None, None, None
+    ci = rec["ci"][metric] or [None, None]
+    scale = lambda v: None if v is None else 100 * v / matched  # noqa: E731
+    return scale(rec["delta_ours"][metric]), scale(ci[0]), scale(ci[1])
+
+
+def relative_paper(rec: dict, base: dict | None, metric: str) -> float | None:
+    """The reference's change in percent of its own baseline."""
+    if base is None or not base["paper"][metric] or rec["delta_paper"][metric] is None:
+        return None
+    return 100 * rec["delta_paper"][metric] / base["paper"][metric]
+
+
+def positions(recs: list[dict]) -> tuple[list[float], list[tuple[str, float, float]]]:
+    """Each row's place on the y axis, one unit apart and a gap between groups, and each group's
+    (name, first place, last place)."""
+    places, groups, y = [], [], 0.0
+    for i, rec in enumerate(recs):
+        if i and group_of(rec["row"]) != group_of(recs[i - 1]["row"]):
+            y += 0.6
+        places.append(y)
+        if groups and groups[-1][0] == group_of(rec["row"]):
+            groups[-1] = (groups[-1][0], groups[-1][1], y)
+        else:
+            groups.append((group_of(rec["row"]), y, y))
+        y += 1.0
+    return places, groups
+
+
+def delta_figure(ctx: Context, recs: list[dict], path):
+    import matplotlib.pyplot as plt
+    from matplotlib.transforms import blended_transform_factory
+
+    sweep = ctx.sweep
+    base = next((r for r in recs if r["row"] == sweep.baseline), None)
+    others = [r for r in recs if r["row"] != sweep.baseline]
+    places, groups = positions(others)
+    metrics = list(sweep.metrics)
+    height = 0.3 * (places[-1] + 1 if places else 1) + 1.8
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics) + 0.6, height), sharey=True, squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        ours = [relative(r, base, m) for r in others]
+        paper = [relative_paper(r, base, m) for r in others]
+        bars(ax, places, ours, paper, ctx.profile)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.margins(x=0.16)  # room for the bars' labels
+        ax.grid(axis="x", alpha=0.3)
+        for _, first, _ in groups[1:]:
+            ax.axhline(first - 0.8, color="0.75", linewidth=0.6)
+        ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} (ours: of the matched seeds)")
+        ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
+    first = axes[0][0]
+    fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
+    first.set_yticks(places, [f"{r['row']} (pilot)" if r["pilot"] else r["row"] for r in others])
+    first.invert_yaxis()
+    last = axes[0][-1]
+    to_side = blended_transform_factory(last.transAxes, last.transData)
+    for name, top, bottom in groups:
+        last.text(1.02, (top + bottom) / 2, name, transform=to_side, fontweight="bold", va="center")
+    fig.suptitle(f"{sweep.name} ({ctx.profile}): change versus {sweep.baseline}, ours (95% CI) beside the paper")
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))  # the legend below
+    return save(fig, path)
+
+
+def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], profile: str) -> None:
+    """Ours (with the interval) above the reference's at each place, each bar labelled with its value."""
+    values = [o[0] for o in ours]
+    low = [0 if o[0] is None or o[1] is None else o[0] - o[1] for o in ours]
+    high = [0 if o[0] is None or o[2] is None else o[2] - o[0] for o in ours]
+    y_ours, y_paper = [p - 0.2 for p in places], [p + 0.2 for p in places]
+    ax.barh(y_ours, [v or 0 for v in values], height=0.4, color="tab:blue", xerr=[low, high], capsize=2,
+            error_kw={"linewidth": 0.8}, label=f"ours ({profile}), 95% CI")  # fmt: skip
+    ax.barh(y_paper, [v or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
+    for y, value, (_, lo, hi) in zip(y_ours, values, ours):
+        end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
+        bar_label(ax, y, value, end)
+    for y, value in zip(y_paper, paper):
+        bar_label(ax, y, value, value)
+
+
+def bar_label(ax, y: float, value: float | None, end: float | None) -> None:
+    if value is None:
+        return
+    ax.annotate(f"{value:+.1f}%", (end, y), xytext=(3 if end >= 0 else -3, 0), textcoords="offset points",
+                ha="left" if end >= 0 else "right", va="center", fontsize=6)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# params.png
+
+
+def params_figure(ctx: Context, recs: list[dict], path):
+    import matplotlib.pyplot as plt
+
+    sweep = ctx.sweep
+    metric = next(iter(sweep.metrics))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    panels = []
+    for ax, side, params_key in ((axes[0], "ours", "params"), (axes[1], "paper", "paper_params")):
+        shown = [r for r in recs if r[params_key] and r[side][metric] is not None]
+        points = [(r[params_key] / 1e6, r[side][metric], r["row"]) for r in shown]
+        spread = [(r["sd"][metric] or 0) if side == "ours" else 0 for r in shown]
+        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=spread, fmt="o", markersize=4, capsize=2)
+        if points:
+            log_axis(ax.xaxis)
+        ax.set_xlabel("parameters (millions, log scale)")
+        ax.set_ylabel(f"dev {metric.upper()}")
+        ax.set_title(f"ours, {ctx.profile} (mean ± sd over seeds)" if side == "ours" else "paper")
+        ax.margins(x=0.15, y=0.12)
+        panels.append((ax, points))
+    fig.suptitle(f"{sweep.name} ({ctx.profile}): dev {metric.upper()} against parameters")
+    fig.tight_layout()
+    for ax, points in panels:
+        place_labels(ax, points)
+    return save(fig, path)
+
+
+def log_axis(axis) -> None:
+    """A log scale with plain tick labels at 1, 2 and 5 of each decade (0.2, 0.5, 1, 2, ...)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    (axis.axes.set_xscale if axis is axis.axes.xaxis else axis.axes.set_yscale)("log")
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def place_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 8) -> list:
+    """Label each point (x, y, text) where its label overlaps no other label, no marker and stays
+    inside the axes: the first free place of a ring of candidates around the point, further out
+    ring by ring (with a leader line), else the least crowded one. The labels' boxes (display
+    coordinates), in order."""
+    from matplotlib.text import Text
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    markers = [ax.transData.transform((x, y)) for x, y, _ in points]
+    boxes = []
+    for x, y, text in sorted(points, key=lambda p: (p[0], -p[1])):
+        best = None
+        for dx, dy in candidates():
+            label = annotate(ax, x, y, text, dx, dy, fontsize)
+            label.update_positions(renderer)
+            box = Text.get_window_extent(label, renderer)  # the text alone, not its leader line
+            crowd = sum(overlap(box, b) for b in boxes) + sum(marker_overlap(box, m) for m in markers)
+            crowd += box.width * box.height - overlap(box, frame)  # the part outside the axes
+            if best is None or crowd < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (crowd, label, box)
+            else:
+                label.remove()
+            if crowd == 0:
+                break
+        boxes.append(best[2])
+    return boxes
+
+
+def candidates():
+    """Offsets in points around a point: right, left, above, below and the diagonals, ring by ring."""
+    for ring in range(1, 7):
+        for angle in (0, 180, 90, 270, 30, 150, 330, 210, 60, 120, 300, 240):
+            a = math.radians(angle)
+            yield 7 * ring * math.cos(a), 7 * ring * math.sin(a)
+
+
+def annotate(ax, x: float, y: float, text: str, dx: float, dy: float, fontsize: float):
+    ha = "left" if dx > 1e-6 else "right" if dx < -1e-6 else "center"
+    va = "bottom" if dy > 1e-6 else "top" if dy < -1e-6 else "center"
+    far = math.hypot(dx, dy) > 8
+    arrow = {"arrowstyle": "-", "color": "0.6", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3} if far else None
+    return ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize,
+                       arrowprops=arrow)  # fmt: skip
+
+
+def overlap(a, b) -> float:
+    """The area two boxes share (display units)."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(width, 0) * max(height, 0)
+
+
+def marker_overlap(box, point, radius: float = 4.0) -> float:
+    """The area a label's box shares with a marker (a square of `radius` around the point)."""
+    x0, y0 = point[0] - radius, point[1] - radius
+    width = min(box.x1, x0 + 2 * radius) - max(box.x0, x0)
+    height = min(box.y1, y0 + 2 * radius) - max(box.y0, y0)
+    return max(width, 0) * max(height, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# curves.png
+
+
+def band(reps: list[dict], key: str = "dev_ppl") -> tuple[list[int], list[float], list[float], list[float]]:
+    """A row's learning curve over its seeds: (steps every seed logged, mean, min, max)."""
+    curves = list(report.dev_curves(reps, key).values())
+    if not curves:
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    values = [[c[s] for c in curves] for s in steps]
+    return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
+    import matplotlib.pyplot as plt
+
+    sweep = ctx.sweep
+    groups = []
+    for run in runs:
+        if run.name != sweep.baseline and group_of(run.name) not in groups:
+            groups.append(group_of(run.name))
+    cols = max(1, min(3, len(groups)))
+    rows = max(1, (len(groups) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, g in zip(axes.flat, groups):
+        members = [run.name for run in runs if group_of(run.name) == g and run.name != sweep.baseline]
+        for name in [sweep.baseline, *members]:
+            steps, mean, low, high = band(by_row.get(name, []))
+            style = {"color": "black", "linestyle": "--"} if name == sweep.baseline else {}
+            line = ax.plot(steps, mean, label=name, **style)[0]
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        log_axis(ax.yaxis)
+        ax.set_title(f"group {g}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("dev PPL")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.axis("off")
+    fig.suptitle(f"{sweep.name} ({ctx.profile}): dev perplexity during training (mean over seeds, band: min-max)")
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def save(fig, path):
+    import matplotlib.pyplot as plt
+
+    with path.open("wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+    return path
