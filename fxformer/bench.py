@@ -3,6 +3,8 @@
     python -m fxformer.bench --config=configs/base.py --config.model.dtype=bfloat16
     python -m fxformer.bench --config=configs/default.py --json      # last line: one JSON object
 
+    python -m fxformer.bench --config=configs/default.py --data=real --json   # the input pipeline too
+
 Synthetic data of the config's shapes (no dataset, no tokenizer): a training step on
 `data.tokens_per_batch` target tokens (packed rows of `data.max_length`, one sentence per row),
 and a beam search (the config's decode section) over a fixed batch of random sources. Prints
@@ -10,6 +12,12 @@ devices and dtype, parameters, tokens per step, compile time, the median step ti
 timed steps, target tokens/s, model FLOPs per step (an analytic count, `train_flops`, tested
 against XLA's cost analysis), achieved TFLOP/s and MFU against the device's peak (`PEAK_TFLOPS`;
 none on a CPU), peak memory, and decoding sentences/s and output tokens/s.
+
+With --data=real the config's dataset is prepared (or found) and its training batches measured
+too: the input pipeline alone (real target tokens/s for --pipeline_seconds), and training on
+real batches as `fxformer.train` feeds them, timed in blocks of --steps steps alternating with
+blocks of synthetic steps, so the ratio of their step rates is measured side by side on the same
+machine at the same time (--steps=0: the pipeline alone).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
 from fxformer.config import DecodeOptions, validate
-from fxformer.data import pipeline
+from fxformer.data import corpora, pipeline, token_ids, tokenizer_for
 from fxformer.errors import UserError
 from fxformer.model import TransformerConfig
 from fxformer.tokens import EOS_ID
@@ -101,9 +109,8 @@ def progress(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
-def bench_train(config, steps: int) -> dict:
+def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
     mesh = parallel.data_mesh()
-    vocab = config.data.vocab_size
     model, tx, _ = trainstate.build(config, vocab, mesh)
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
     length = config.data.max_length
@@ -124,7 +131,9 @@ def bench_train(config, steps: int) -> dict:
             progress(f"train step {i - 1}/{steps}: {times[-1] * 1000:.1f} ms")
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    real = bench_real_train(config, ids, compiled, state, batch, steps) if ids is not None else {}
     return {
+        **real,
         "num_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
         "rows_per_step": rows,
         "tokens_per_step": rows * length,
@@ -134,6 +143,62 @@ def bench_train(config, steps: int) -> dict:
         "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost else None,
         "model_config": model.config,
     }
+
+
+def real_data(config):
+    """(vocabulary size, folder of the stored token ids) of the config's dataset, prepared if needed."""
+    builder = corpora.prepare(config.data, log=progress)
+    tokenizer = tokenizer_for(config.data, builder, log=progress)
+    return tokenizer.vocab_size, token_ids(config.data, builder, tokenizer, log=progress)
+
+
+def real_batches(config, ids, rows: int):
+    """This process's training batches of the config's dataset, as training makes them."""
+    dataset, _ = pipeline.train_dataset(ids, config.data, rows, config.data.shuffle_seed, jax.process_index(),
+                                        jax.process_count())  # fmt: skip
+    return iter(dataset)
+
+
+def bench_pipeline(config, ids, seconds: float) -> dict:
+    """The input pipeline alone: real target tokens (and batches) per second, after its first batch."""
+    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
+    batches = real_batches(config, ids, rows)
+    next(batches)  # the first plans the epoch and starts the workers
+    progress(f"reading training batches for {seconds:g} s ({rows} rows x {config.data.max_length} tokens)")
+    count, tokens, start = 0, 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        tokens += int((next(batches)["targets_segment_ids"] > 0).sum())
+        count += 1
+    elapsed = time.perf_counter() - start
+    return {"pipeline_target_tokens_per_s": tokens / elapsed, "pipeline_batches_per_s": count / elapsed,
+            "pipeline_fill": tokens / (count * rows * config.data.max_length)}  # fmt: skip
+
+
+def bench_real_train(config, ids, compiled, state, synthetic, steps: int, rounds: int = 3) -> dict:
+    """Training on real batches (`parallel.GlobalBatches`, as the loop takes them) against the
+    synthetic batch, in alternating blocks of `steps` steps each waited for only at its end (as
+    the loop waits only when it logs): the median ratio of their step rates, and real target tokens/s."""
+    mesh = parallel.data_mesh()
+    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
+    batches = parallel.GlobalBatches(mesh, real_batches(config, ids, rows), config.data.device_prefetch)
+    ratios, real_s, tokens = [], 0.0, 0
+    for r in range(rounds):
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = compiled(state, synthetic)
+        jax.block_until_ready(metrics)
+        synthetic_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(steps):
+            local, batch = next(batches)
+            tokens += int((local["targets_segment_ids"] > 0).sum())
+            state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        elapsed = time.perf_counter() - start
+        real_s += elapsed
+        ratios.append(synthetic_s / elapsed)
+        progress(f"round {r + 1}/{rounds}: {steps} steps: synthetic {synthetic_s:.2f} s, real {elapsed:.2f} s")
+    return {"real_to_synthetic_step_rate": statistics.median(ratios), "real_train_target_tokens_per_s": tokens / real_s}
 
 
 def bench_decode(config, model_config: TransformerConfig, batch_size: int, source_len: int, repeats: int) -> dict:
@@ -172,11 +237,18 @@ def bench_decode(config, model_config: TransformerConfig, batch_size: int, sourc
     }
 
 
-def run(config, steps: int, decode_batch: int, decode_len: int, decode_repeats: int) -> dict:
+def run(config, steps: int, decode_batch: int, decode_len: int, decode_repeats: int, data: str = "synthetic",
+        pipeline_seconds: float = 10.0) -> dict:  # fmt: skip
     device = jax.devices()[0]
     dtype = config.model.dtype
-    out = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count(), "dtype": dtype}
-    t = bench_train(config, steps)
+    out = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count(), "dtype": dtype,
+           "data": data}  # fmt: skip
+    vocab, ids = real_data(config) if data == "real" else (config.data.vocab_size, None)
+    if ids is not None:
+        out.update(bench_pipeline(config, ids, pipeline_seconds))
+        if not steps:
+            return out
+    t = bench_train(config, steps, vocab, ids)
     model_config = t.pop("model_config")
     out.update(t)
     out["train_tokens_per_s"] = t["tokens_per_step"] / t["step_time_s"]
@@ -193,8 +265,25 @@ def run(config, steps: int, decode_batch: int, decode_len: int, decode_repeats: 
     return out
 
 
+def pipeline_rows(r: dict) -> list[tuple[str, str]]:
+    """The real-data lines of the table (none for synthetic data)."""
+    if "pipeline_target_tokens_per_s" not in r:
+        return []
+    alone = (f"{r['pipeline_target_tokens_per_s']:,.0f} real target tokens/s ({r['pipeline_batches_per_s']:,.1f} "
+             f"batches/s, {100 * r['pipeline_fill']:.1f}% of slots real)")  # fmt: skip
+    rows = [("input pipeline alone", alone)]
+    if "real_to_synthetic_step_rate" in r:
+        rows.append(("training on real batches", f"{r['real_train_target_tokens_per_s']:,.0f} real target tokens/s, "
+                     f"step rate {r['real_to_synthetic_step_rate']:.3f} x the synthetic one (same run)"))  # fmt: skip
+    return rows
+
+
 def table(r: dict) -> str:
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+    if "step_time_s" not in r:  # the pipeline alone
+        rows = pipeline_rows(r)
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     rows = [
         ("devices", f"{r['devices']} x {r['device']} ({r['platform']}), {r['dtype']}"),
         ("parameters", f"{r['num_params']:,}"),
@@ -210,6 +299,7 @@ def table(r: dict) -> str:
             f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**20, ',.0f')} MiB ({r['peak_memory_of']})",
         ),  # fmt: skip
     ]
+    rows += pipeline_rows(r)
     if r.get("decode_sentences_per_s"):
         rows.append(
             (
@@ -227,14 +317,24 @@ def main() -> None:
     p.add_argument("--decode_batch", type=int, default=32, help="sentences in the decoding batch (0 = skip)")
     p.add_argument("--decode_len", type=int, default=24, help="source tokens per sentence in the decoding batch")
     p.add_argument("--decode_repeats", type=int, default=2, help="timed decoding runs")
+    p.add_argument("--data", choices=("synthetic", "real"), default="synthetic",
+                   help="real: also the config's dataset: the input pipeline alone, and training on its batches")
+    p.add_argument("--pipeline_seconds", type=float, default=10.0, help="--data=real: how long to read batches")
     p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
     args, config = cli.parse(p)
     if config is None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/base.py.")
-    if args.steps < 1 or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
-        raise UserError("--steps, --decode_repeats must be at least 1, --decode_batch 0 or more, --decode_len 2+.")
+    least_steps = 0 if args.data == "real" else 1
+    if args.steps < least_steps or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
+        raise UserError(
+            "--steps (0 only with --data=real) and --decode_repeats must be at least 1, --decode_batch 0 or more, "
+            "--decode_len 2 or more."
+        )
+    if args.pipeline_seconds <= 0:
+        raise UserError(f"--pipeline_seconds must be positive, not {args.pipeline_seconds}.")
     validate(config, jax.default_backend(), jax.process_count())
-    results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats)
+    results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats, args.data,
+                  args.pipeline_seconds)  # fmt: skip
     print(table(results))
     if args.json:
         print(json.dumps(results))

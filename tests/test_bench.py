@@ -7,7 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import env_with_devices
+from conftest import SMALL_DATA, env_with_devices
 from jax.sharding import AxisType, Mesh
 
 from fxformer import bench, configfile, parallel, train, trainstate
@@ -59,3 +59,21 @@ def test_bench_prints_a_table_and_a_json_line(tmp_path):
     assert out["flops_per_step"] == pytest.approx(out["xla_flops_per_step"], rel=0.10)
     assert out["decode_sentences_per_s"] > 0 and out["peak_memory_bytes"] > 0
     assert "target tokens/s" in result.stdout and "bench: train step 2/2" in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path, data_dir, corpus):
+    command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", "--steps=2",
+               "--data=real", "--pipeline_seconds=1", "--decode_batch=0", "--config.model.num_layers=1",
+               "--config.data.tokens_per_batch=1024", f"--config.data.tfds_data_dir={data_dir}",
+               *(f"--config.data.{k}={v}" for k, v in SMALL_DATA.items())]  # fmt: skip
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["data"] == "real" and out["pipeline_target_tokens_per_s"] > 0 and 0.5 < out["pipeline_fill"] <= 1
+    # the pipeline's own count: batches per second times the real target tokens of a batch
+    assert out["pipeline_target_tokens_per_s"] == pytest.approx(
+        out["pipeline_batches_per_s"] * out["pipeline_fill"] * out["tokens_per_step"], rel=1e-6
+    )
+    assert out["real_to_synthetic_step_rate"] > 0 and out["real_train_target_tokens_per_s"] > 0
+    assert "input pipeline alone" in result.stdout and "training on real batches" in result.stdout

@@ -77,22 +77,26 @@ def first_fit(lengths: dict, order: np.ndarray, rows: int, max_length: int, rng:
 def fill(split: Split, plan: Plan, batch: int, rows: int, max_length: int) -> dict[str, np.ndarray]:
     """Batch `batch` of `plan`, filled from the stored ids: [rows, max_length] int32 arrays."""
     s, e = plan.starts[batch], plan.starts[batch + 1]
-    example, row, segment = plan.example[s:e], plan.row[s:e], plan.segment[s:e]
+    example, segment = plan.example[s:e], plan.segment[s:e]
+    row_start = plan.row[s:e].astype(np.int64) * max_length
     out = {}
     for key in KEYS:
         side = getattr(split, key)
-        full = side.offsets[example + 1] - side.offsets[example]
+        begin = side.offsets[example]
+        full = side.offsets[example + 1] - begin
         length = np.minimum(full, max_length)  # truncated examples keep max_length - 1 tokens and EOS
         each = np.repeat(np.arange(len(example)), length)  # [tokens]: which example a token belongs to
         within = np.arange(len(each)) - np.repeat(np.cumsum(length) - length, length)
-        at = (row[each], plan.column[key][s:e][each] + within)
-        ids = np.full((rows, max_length), PAD_ID, np.int32)
-        ids[at] = side.ids[side.offsets[example][each] + within]
-        cut = full > max_length
-        ids[row[cut], plan.column[key][s:e][cut] + max_length - 1] = EOS_ID
-        segment_ids, positions = np.zeros((rows, max_length), np.int32), np.zeros((rows, max_length), np.int32)
+        first = row_start + plan.column[key][s:e]  # where each example starts in the flattened batch
+        at = first[each] + within
+        ids = np.full(rows * max_length, PAD_ID, np.int32)
+        ids[at] = side.ids[begin[each] + within]
+        ids[(first + max_length - 1)[full > max_length]] = EOS_ID
+        segment_ids, positions = np.zeros(rows * max_length, np.int32), np.zeros(rows * max_length, np.int32)
         segment_ids[at], positions[at] = segment[each], within
-        out |= {key: ids, f"{key}_segment_ids": segment_ids, f"{key}_positions": positions}
+        shape = (rows, max_length)
+        out |= {key: ids.reshape(shape), f"{key}_segment_ids": segment_ids.reshape(shape),
+                f"{key}_positions": positions.reshape(shape)}  # fmt: skip
     return out
 
 

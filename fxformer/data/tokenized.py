@@ -132,7 +132,9 @@ def build(data_dir: paths.PathLike, tokenizer: Tokenizer, sources: dict, source_
 def _load(path) -> np.ndarray:
     """A stored array: memory-mapped where the file is local, read whole elsewhere (gs://)."""
     try:
-        return np.load(str(path), mmap_mode="r", allow_pickle=False) if not paths.is_url(path) else _read(path)
+        if paths.is_url(path):
+            return _read(path)
+        return np.load(str(path), mmap_mode="r", allow_pickle=False).view(np.ndarray)  # no memmap overhead per read
     except ValueError:  # not an .npy file: damaged
         return _read(path)
 
