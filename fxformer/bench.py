@@ -174,30 +174,34 @@ def bench_pipeline(config, ids, seconds: float) -> dict:
             "pipeline_fill": tokens / (count * rows * config.data.max_length)}  # fmt: skip
 
 
-def bench_real_train(config, ids, compiled, state, synthetic, steps: int, rounds: int = 3) -> dict:
+def bench_real_train(config, ids, compiled, state, synthetic, steps: int, rounds: int = 4) -> dict:
     """Training on real batches (`parallel.GlobalBatches`, as the loop takes them) against the
-    synthetic batch, in alternating blocks of `steps` steps each waited for only at its end (as
-    the loop waits only when it logs): the median ratio of their step rates, and real target tokens/s."""
+    synthetic batch, in blocks of `steps` steps each waited for only at its end (as the loop waits
+    only when it logs), alternating which goes first (ABBA) so that a change in the machine's load
+    falls on both: the median ratio of their step rates, and real target tokens/s."""
     mesh = parallel.data_mesh()
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
     batches = parallel.GlobalBatches(mesh, real_batches(config, ids, rows), config.data.device_prefetch)
-    ratios, real_s, tokens = [], 0.0, 0
+    tokens = 0
+
+    def block(real: bool) -> float:
+        nonlocal state, tokens
+        start = time.perf_counter()
+        for _ in range(steps):
+            if real:
+                local, batch = next(batches)
+                tokens += int((local["targets_segment_ids"] > 0).sum())
+            state, metrics = compiled(state, batch if real else synthetic)
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - start
+
+    ratios, real_s = [], 0.0
     for r in range(rounds):
-        start = time.perf_counter()
-        for _ in range(steps):
-            state, metrics = compiled(state, synthetic)
-        jax.block_until_ready(metrics)
-        synthetic_s = time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(steps):
-            local, batch = next(batches)
-            tokens += int((local["targets_segment_ids"] > 0).sum())
-            state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
-        elapsed = time.perf_counter() - start
-        real_s += elapsed
-        ratios.append(synthetic_s / elapsed)
-        progress(f"round {r + 1}/{rounds}: {steps} steps: synthetic {synthetic_s:.2f} s, real {elapsed:.2f} s")
+        first_real = r % 2 == 1
+        seconds = {first_real: block(first_real), not first_real: block(not first_real)}
+        real_s += seconds[True]
+        ratios.append(seconds[False] / seconds[True])
+        progress(f"round {r + 1}/{rounds}: {steps} steps: synthetic {seconds[False]:.2f} s, real {seconds[True]:.2f} s")
     return {"real_to_synthetic_step_rate": statistics.median(ratios), "real_train_target_tokens_per_s": tokens / real_s}
 
 

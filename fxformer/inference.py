@@ -86,15 +86,32 @@ def restore(
     if step == "best":
         params, steps = best_params(workdir, abstract_params, log)
     else:
-        params, steps = checkpoint_params(workdir, step, average_last, abstract_params, log, keep_average)
+        params, steps = checkpoint_params(workdir, step, average_last, abstract_params, log, keep_average,
+                                          config.checkpoint_every_steps)  # fmt: skip
     return Restored(config, model, tokenizer, params, steps, mesh)
 
 
+def apart(steps: list[int], k: int, interval: int) -> tuple[list[int], list[int]]:
+    """(the last k of `steps` that are at least half the checkpoint `interval` apart, oldest first;
+    the steps passed over). Walking back from the last: a checkpoint a stop wrote a few steps after
+    a regular one (a time budget, SIGTERM) would otherwise count nearly the same parameters twice."""
+    chosen, skipped = [], []
+    for step in reversed(steps):
+        if len(chosen) == k:
+            break
+        if chosen and 2 * (chosen[-1] - step) < interval:
+            skipped.append(step)
+        else:
+            chosen.append(step)
+    return chosen[::-1], skipped[::-1]
+
+
 def checkpoint_params(
-    workdir: paths.Workdir, step: int | Literal["latest"], k: int, abstract_params, log=print, keep_average=True
+    workdir: paths.Workdir, step: int | Literal["latest"], k: int, abstract_params, log=print, keep_average=True,
+    checkpoint_every: int = 1,
 ) -> tuple[dict, list[int]]:
-    """The parameters of the k training checkpoints that end at `step` (averaged if several:
-    `averaged`), and their steps."""
+    """The parameters of the k training checkpoints that end at `step`, at least half the
+    checkpoint interval apart (`apart`; averaged if several: `averaged`), and their steps."""
     directory = workdir.checkpoints
     if not directory.exists():
         raise UserError(f"{directory} holds no checkpoint; train first.")
@@ -104,7 +121,11 @@ def checkpoint_params(
             raise UserError(f"{directory} holds no checkpoint; train first.")
         if step != "latest" and step not in saved:
             raise UserError(f"No checkpoint at step {step} in {directory}; there are {saved}.")
-        chosen = [s for s in saved if step == "latest" or s <= step][-k:]
+        candidates = [s for s in saved if step == "latest" or s <= step]
+        chosen, skipped = apart(candidates, k, checkpoint_every)
+        if skipped:
+            log(f"averaging: skipped step(s) {', '.join(map(str, skipped))}: closer than half the checkpoint interval "
+                f"({checkpoint_every} steps) to a later checkpoint averaged")  # fmt: skip
         if len(chosen) < k:
             log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:

@@ -170,8 +170,9 @@ def console_line(step, total, m, window, tokens_per_step, now, budget_left=None)
             parts.append(f"{tokens_per_step * steps_per_s:,.0f} tgt tok/s")
         parts.append(f"{steps_per_s:.2f} steps/s")
         eta = (total - step) / steps_per_s
-        if budget_left is not None and budget_left < eta:
-            parts.append(f"time budget ends in {duration(max(budget_left, 0))} (ETA {duration(eta)})")
+        if budget_left is not None and budget_left < eta:  # the budget ends first: the ETA is to it
+            at_step = min(total, step + int(max(budget_left, 0) * steps_per_s))
+            parts.append(f"ETA {duration(max(budget_left, 0))} (time budget, near step {at_step})")
         else:
             parts.append(f"ETA {duration(eta)}")
     return " | ".join(parts)

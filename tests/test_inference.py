@@ -103,3 +103,14 @@ def test_a_workdir_from_before_the_decode_section_still_evaluates(eight_device_w
 def test_the_t2t_beam_variant_runs_from_the_command_line(eight_device_workdir, variant):
     out = translate(eight_device_workdir, f"--config.decode.beam_variant={variant}")
     assert len(out.splitlines()) == 4
+
+
+def test_averaging_passes_over_checkpoints_closer_than_half_the_interval():
+    from fxformer.inference import apart
+
+    # a time budget saved step 2101 just after the regular 2100: 2100 is passed over, not counted twice
+    assert apart([1500, 1700, 1800, 1900, 2000, 2100, 2101], 5, 100) == ([1700, 1800, 1900, 2000, 2101], [2100])
+    assert apart([100, 200, 300], 5, 100) == ([100, 200, 300], [])  # fewer than asked: all there are
+    assert apart([100, 149, 150, 200], 2, 100) == ([150, 200], [])  # 50 apart is half the interval: kept
+    assert apart([100, 151, 152, 200], 3, 100) == ([100, 200], [151, 152])  # apart from the last one kept
+    assert apart([7], 1, 100) == ([7], [])

@@ -1,11 +1,12 @@
 """Bad input is refused in one sentence before anything is written (issue: nothing lost or surprising)."""
 
+import json
 import math
 import signal
 import sys
 
 import pytest
-from conftest import cut_short, left_as_is, logged, snapshot, train_command
+from conftest import cut_short, left_as_is, logged, run_train, snapshot, train_command
 
 from fxformer import cli, configfile, exitcodes, train
 from fxformer.config import with_overrides
@@ -185,9 +186,34 @@ def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path
     assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and f"time budget of 0.1 minutes: saved step {saved[0]}" in result.stdout
-    assert "time budget ends in" in result.stdout
+    assert "(time budget, near step" in result.stdout  # the ETA is to the budget's end, which comes first
     dev_steps = list(logged(workdir, "dev_ppl"))
     assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
+
+
+@pytest.mark.slow
+def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(tmp_path, data_dir, corpus):
+    """A time budget saves at whatever step it ends, often just after a regular checkpoint: the
+    average of the last 3 must still be of 3 checkpoints at least half the interval (2 steps) apart."""
+    import subprocess
+
+    from conftest import env_with_devices
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=12, checkpoint_every_steps=4)  # checkpoints 4, 8, 12
+    # resumed with a budget of 0.6 s: compiling the first step takes longer, so the budget ends there (13)
+    command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.01, checkpoint_every_steps=4)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == [4, 8, 12, 13], saved
+    evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--average_last=3", "--limit=8",
+                "--config.decode.strategy=greedy"]  # fmt: skip
+    result = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = json.loads(next((workdir / "eval").glob("test-*.json")).read_text())["checkpoint_steps"]
+    assert steps == [4, 8, 13]  # 12 is 1 step from 13: passed over, and said so
+    assert "skipped step(s) 12" in result.stdout
 
 
 @pytest.mark.slow
