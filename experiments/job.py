@@ -25,6 +25,7 @@ class Job:
     eval_flags: tuple[str, ...] = ()
     logdir: Path = Path("logs")
     train: bool = True
+    hold_log: bool = False  # the logdir lies in the workdir: write nothing there until train accepts the run
 
     @property
     def workdir(self) -> str:
@@ -38,6 +39,8 @@ class Job:
             return [*flags, "--", *evaluate]
         if self.evaluate:
             flags.append(f"--then={shlex.join(evaluate)}")
+        if self.hold_log:
+            flags.append("--hold_log")
         return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
 
 
