@@ -679,3 +679,35 @@ def test_a_hand_edited_config_json_is_one_sentence_from_every_command_and_change
     err = result.stderr.strip()
     assert result.returncode == exitcodes.USER_ERROR and len(err.splitlines()) == 1, err[-3000:]
     assert err.startswith(f"error: In {path}, {words}") and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, corpus):
+    """The workdir is removed while a save is in flight, then the run gets SIGTERM: what it wrote
+    after the removal (orbax recreates the directories it writes into: without the clean-up, the
+    finished save of that step was left at the deleted path) is removed again, one sentence says
+    why nothing was saved, and the exit status is the interruption's (75). The run is paused
+    (SIGSTOP) for the removal and the signal, so that it cannot find the workdir gone before the
+    signal comes (it then ends with 2, as without one)."""
+    import time
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=1, keep_checkpoints=2)
+    process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not (workdir / "checkpoints" / "3").exists():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    while not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*")):  # the next save has begun
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGSTOP)
+    shutil.rmtree(workdir)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGCONT)
+    status, err = process.wait(timeout=120), process.stderr.read()
+    process.stderr.close()
+    assert status == exitcodes.STOPPED and len(err.strip().splitlines()) == 1, err[:3000]
+    assert f"The workdir {workdir} was removed while training" in err
+    assert not workdir.exists(), sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))[:20]
