@@ -311,6 +311,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
         if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
             writer.close()
         elif workdir.removed():  # saves in flight, the last metrics: written after the removal, not kept
+            checkpoint.settle(manager)
             workdir.forget_training()
     if length_filter.overlong_pairs:
         log(f"length filter: {length_filter.report()}")
