@@ -27,6 +27,7 @@ class Job:
     logdir: Path = Path("logs")
     train: bool = True
     more_evals: tuple[tuple[str, ...], ...] = ()
+    hold_log: bool = False  # the logdir lies in the workdir: write nothing there until train accepts the run
 
     @property
     def workdir(self) -> str:
@@ -45,6 +46,8 @@ class Job:
             return [*flags, *(f"--then={shlex.join(e)}" for e in rest), "--", *first]
         if self.evaluate:
             flags += [f"--then={shlex.join(e)}" for e in (first, *rest)]
+        if self.hold_log:
+            flags.append("--hold_log")
         return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]
 
 

@@ -17,6 +17,7 @@ and runs nothing. The exit status is the run's: 0 finished, 75 stopped before it
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -27,6 +28,7 @@ from experiments.cli import flag_value, say, split_at_dashes
 from experiments.job import Job, default_logdir
 from fxformer import exitcodes
 from fxformer.errors import UserError
+from fxformer.paths import is_url
 
 VERBS = {
     "launch": "start a run (and relaunch it after a pre-emption with --retries)",
@@ -50,7 +52,14 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     if not name:
         raise UserError("Give --name=<run name> (or the run's --workdir after --) to say which run.")
     logdir = Path(args.logdir) if args.logdir else default_logdir(workdir or "", name)
-    return Job(name, tuple(train_flags), args.evaluate, tuple(shlex.split(args.eval_flags)), logdir)
+    # A refused run leaves its workdir as it was (or absent): the workers' logs wait for train to accept it.
+    hold = bool(workdir) and not is_url(workdir) and inside(logdir, Path(os.path.expanduser(workdir)))
+    return Job(name, tuple(train_flags), args.evaluate, tuple(shlex.split(args.eval_flags)), logdir, hold_log=hold)
+
+
+def inside(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or lies under it (neither needs to exist)."""
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory))
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

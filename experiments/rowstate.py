@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from fxformer import paths
+from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 
 DEFAULT_LEASE_S = 300.0
@@ -87,7 +88,7 @@ class RowState:
     checkpoint_steps: list[int] = field(default_factory=list)
     logged_step: int = 0  # the last step in metrics.jsonl
     results: dict | None = None  # fxformer.evaluate's JSON for the final step, if written
-    config: dict | None = None  # the workdir's config.json
+    config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
 
     @property
@@ -153,8 +154,8 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     if w.sweep_status.exists():
         fix = "delete it and run the sweep again (the row's checkpoints are kept and it resumes)"
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
-    if w.config.exists():
-        row.config = read_json(w.config, "the run's config", "move the row's directory aside and run it again")
+    if w.config.exists():  # checked as every command checks it
+        row.config = load_workdir_config(w).to_dict()
     row.checkpoint_steps = w.checkpoint_steps()
     logged = w.logged()
     row.logged_step = logged[-1]["step"] if logged else 0

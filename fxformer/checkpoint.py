@@ -9,6 +9,7 @@ Inference reads only the `params` subtree of `state`. An averaged checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import grain
@@ -111,6 +112,14 @@ def close(manager: ocp.CheckpointManager, failing: bool = False) -> None:
     except SaveFailed:
         if not failing:
             raise
+
+
+def settle(manager: ocp.CheckpointManager) -> None:
+    """Close `manager` after a failed save too, which waits for the rest of that save's writes:
+    orbax reports a save's first error while its other writes go on, creating the directories
+    they write into. Any error here is the failure already reported."""
+    with contextlib.suppress(Exception):
+        manager.close()
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):

@@ -138,13 +138,13 @@ def _keep_asyncio_record(record: logging.LogRecord) -> bool:
 
 def run(main: Callable[[], int | None]) -> None:
     """Run a command's main after `setup_process`; a UserError becomes one line on stderr and exit
-    status 2 (`exitcodes`)."""
+    status 2 (`exitcodes`), or the `status` it carries."""
     setup_process()
     try:
         sys.exit(main() or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(exitcodes.USER_ERROR)
+        sys.exit(getattr(e, "status", exitcodes.USER_ERROR))  # a refusal may name its own (train.WorkdirRemoved)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

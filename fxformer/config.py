@@ -1,9 +1,10 @@
 """A run's config in one place (its fields and their defaults are configs/base.py's): dotted keys,
 the fields derived from others, `upgrade` (a config.json written by older code, as today's code
-reads it), `validate` (every check of a config, each refusal one sentence), `DecodeOptions` (the
-`decode` section as the searches take it), and the resolved config a run records in its workdir
-(`W/config.json`: read, written, compared on resume). Imports no JAX (the launcher and the
-sweeps use it).
+reads it), `check_fields` (every key known, every value of its field's type) and `validate`
+(every check of a config, each refusal one sentence), `DecodeOptions` (the `decode` section as
+the searches take it), and the resolved config a run records in its workdir (`W/config.json`:
+read and checked by every command, written, compared on resume). Imports no JAX (the launcher
+and the sweeps use it).
 
 A new field is one line in configs/base.py, plus, if some of its values cannot run, one check
 in `validate`.
@@ -131,6 +132,58 @@ def _filled(config: dict, defaults: dict) -> dict:
         elif isinstance(default, dict) and isinstance(out[key], dict):
             out[key] = _filled(out[key], default)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Field types: a value read from JSON takes its field's type, as a command-line override does
+
+
+def kind_of(default) -> str:
+    """How a refusal names the values a field takes, from the type of its default."""
+    kinds = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return kinds.get(type(default), f"a {type(default).__name__}")
+
+
+def fits(value, default) -> bool:
+    """Whether `value` has the type of the field whose default is `default`, as
+    `--config.<key>=<value>` is parsed (`fxformer.configfile`): a number field takes an integer
+    too; a bool is no integer, and an integer no bool."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return default is None or isinstance(value, type(default))
+
+
+def check_fields(config) -> None:
+    """Refuse, in one sentence, a key configs/base.py does not define (naming the closest one) or
+    a value of another type than its field's: what a command-line override is refused for."""
+    defaults = base.get_config().to_dict()
+    given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    _check_fields(given, defaults, defaults, "")
+
+
+def _shown(value) -> str:
+    """A value as JSON writes it, cut to a few words."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_fields(given: dict, defaults: dict, root: dict, prefix: str) -> None:
+    for name, value in given.items():
+        key = prefix + name
+        if "." in name:
+            raise UserError(f"Config key '{key}' is written with dots; nest it in its sections as the other keys are.")
+        if key in RENAMED:  # older code's name for a field, moved by `upgrade`
+            default = lookup(root, RENAMED[key])
+        else:
+            default = defaults[name] if name in defaults else lookup(root, key)  # unknown: the closest known key
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise UserError(f"Config key '{key}' is a section of fields, and {_shown(value)} is not.")
+            _check_fields(value, default, root, key + ".")
+        elif not fits(value, default):
+            raise UserError(f"Config key '{key}' takes {kind_of(default)}, and {_shown(value)} is not.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,8 +372,11 @@ RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is
 
 
 def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
-    """The resolved config a run wrote into its workdir, upgraded: one written by older code gets
-    the fields added since (`upgrade`)."""
+    """The resolved config a run wrote into its workdir, as today's code reads it: one written by
+    older code gets the fields added since (`upgrade`), after the same checks as a config from
+    the command line: every key known and every value of its field's type (`check_fields`),
+    then `validate`. Every command that reads a workdir's config reads it here, so a hand-edited
+    config.json is refused in one sentence naming the file and the key, before anything runs."""
     path = paths.Workdir(workdir).config
     paths.check_workdir(workdir)
     if not path.exists():
@@ -333,7 +389,16 @@ def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
         raise UserError(
             f"{path} is damaged ({type(e).__name__}); write it again by training with the run's --config."
         ) from None
-    return upgrade(ml_collections.ConfigDict(loaded))
+    try:
+        check_fields(loaded)
+        config = upgrade(ml_collections.ConfigDict(loaded))
+        validate(config)
+    except UserError as e:
+        reason = str(e).rstrip(".")
+        raise UserError(
+            f"In {path}, {reason[:1].lower()}{reason[1:]}; correct that file, which records the run's config."
+        ) from None
+    return config
 
 
 def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from fxformer.config import DecodeOptions, resolve_derived, walk
+from fxformer.config import DecodeOptions, kind_of, resolve_derived, walk
 from fxformer.errors import UserError
 
 
@@ -59,9 +59,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 def _parse_value(key: str, raw: str, current: Any) -> Any:
     """Parse `raw` as the type of the field's current value."""
-    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-        type(current), f"a {type(current).__name__}"
-    )
+    kind = kind_of(current)
     try:
         if isinstance(current, bool):
             lowered = raw.lower()

@@ -165,6 +165,23 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
+class WorkdirRemoved(UserError):
+    """The workdir disappeared under the run: nothing more can be saved there. The exit status is
+    the interruption's (75, `exitcodes.STOPPED`) when a signal asked the run to stop, before or
+    while it ended; else 2."""
+
+    def __init__(self, workdir: paths.Workdir, step: int, stop: StopRequest):
+        super().__init__(
+            f"The workdir {workdir} was removed while training (at step {step}); nothing more can be saved there: "
+            "run the same command to train again from step 0."
+        )
+        self.stop = stop
+
+    @property
+    def status(self) -> int:  # read by `cli.run` as the process exits
+        return exitcodes.STOPPED if self.stop.signal is not None else exitcodes.USER_ERROR
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print, stop: StopRequest | None = None
 ) -> TrainState:
@@ -283,19 +300,21 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     except BaseException as e:
         checkpoint.close(manager, failing=True)
         if isinstance(e, (FileNotFoundError, UserError)) and not workdir.tokenizer.exists():  # removed under us
-            raise UserError(
-                f"The workdir {workdir} was removed while training (at step {step}); nothing more can be saved "
-                "there: run the same command to train again from step 0."
-            ) from None
+            raise WorkdirRemoved(workdir, step, stop) from None
         if paths.unwritable(e):  # the disk filled under the loop's own writes (metrics) while a save was in flight
             raise checkpoint.save_failed(workdir.checkpoints, None, e) from None
         raise
     else:
         checkpoint.close(manager)
+        if workdir.removed():  # while the last save ran: it was written into a recreated directory
+            raise WorkdirRemoved(workdir, step, stop)
     finally:
         best.close()
         if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
             writer.close()
+        elif workdir.removed():  # saves in flight, the last metrics: written after the removal, not kept
+            checkpoint.settle(manager)
+            workdir.forget_training()
     if lengths.overlong_pairs:
         log(f"length filter: {lengths.report()}")
     return state

@@ -202,3 +202,88 @@ def test_decode_options_are_frozen_hashable_and_round_trip_the_section():
         dataclasses.replace(options, nbest=5)
     jitted = jax.jit(lambda x, o: x * o.beam_size, static_argnums=1)  # static under jit
     assert int(jitted(2, options)) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# A workdir's config.json, edited by hand: the checks of a config from the command line
+
+
+def written_workdir(tmp_path, edit, resolved=True) -> Path:
+    """A workdir whose config.json is configs/default.py's config (resolved, as train writes it:
+    d_k and d_v set), changed by `edit`."""
+    loaded = configfile.resolve("configs/default.py") if resolved else configfile.load_config("configs/default.py")
+    written = json.loads(loaded.to_json())
+    edit(written)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(written, indent=2))
+    return workdir
+
+
+def set_field(key, value):
+    """An edit of config.json that sets `key`: a top-level key, or a section's name, a dot and one
+    JSON key of that section."""
+
+    def edit(written):
+        section, dot, leaf = key.partition(".")
+        (written[section] if dot else written)[leaf if dot else key] = value
+
+    return edit
+
+
+EDITS = [  # (an edit of config.json, the words of its refusal)
+    (set_field("model.num_heads", 0), "model.num_heads must be positive, not 0"),
+    (set_field("model.d_model", "sixty-four"), 'config key \'model.d_model\' takes an integer, and "sixty-four"'),
+    (set_field("dropout_rat", 0.3), "unknown config key 'dropout_rat' (did you mean 'model.dropout_rate'?)"),
+    (set_field("model.num_head", 4), "unknown config key 'model.num_head' (did you mean 'model.num_heads'?)"),
+    (set_field("model.d_model", 64.0), "config key 'model.d_model' takes an integer, and 64.0 is not"),
+    (set_field("model.attention_bias", 0), "config key 'model.attention_bias' takes true or false, and 0 is not"),
+    (set_field("model.num_heads", True), "config key 'model.num_heads' takes an integer, and true is not"),
+    (set_field("data.dataset", 7), "config key 'data.dataset' takes a string, and 7 is not"),
+    (set_field("decode", 4), "config key 'decode' is a section of fields, and 4 is not"),
+    (set_field("model.d_ff", {"x": 1}), "config key 'model.d_ff' takes an integer, and {\"x\": 1} is not"),
+    (set_field("beam_size", "four"), "config key 'beam_size' takes an integer, and \"four\" is not"),  # older name
+    (set_field("model.d_model.x", 1), "config key 'model.d_model.x' is written with dots"),  # a key "d_model.x"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("edit, words", EDITS)
+def test_a_hand_edited_workdir_config_is_refused_naming_the_file_and_the_key(edit, words, tmp_path):
+    workdir = written_workdir(tmp_path, edit)
+    with pytest.raises(UserError) as refused:
+        config.load_workdir_config(workdir)
+    message = str(refused.value)
+    assert message.startswith(f"In {workdir / 'config.json'}, {words}"), message
+    assert message.endswith("; correct that file, which records the run's config.") and "\n" not in message
+
+
+WORKDIR_REFUSALS = [(overrides, message) for overrides, machine, message in REFUSALS if not machine]
+
+
+@pytest.mark.parametrize("overrides, message", WORKDIR_REFUSALS)
+def test_every_check_of_validate_holds_for_a_workdirs_config(overrides, message, tmp_path):
+    edit = lambda written: [set_field(key, value)(written) for key, value in overrides.items()]  # noqa: E731
+    workdir = written_workdir(tmp_path, edit, resolved=False)  # d_k, d_v 0: d_model / h, checked as such
+    with pytest.raises(UserError, match=re.escape(f"In {workdir / 'config.json'}, ")) as refused:
+        config.load_workdir_config(workdir)
+    assert message[:1].lower() + message[1:].rstrip(".") in str(refused.value)
+
+
+def test_a_wrong_type_reads_as_on_the_command_line():
+    with pytest.raises(UserError, match=re.escape("Config key 'model.d_model' takes an integer, and 'sixty-four'")):
+        configfile.apply_override(base.get_config(), "model.d_model", "sixty-four")
+    with pytest.raises(UserError, match=re.escape("Config key 'model.d_model' takes an integer, and \"sixty-four\"")):
+        config.check_fields({"model": {"d_model": "sixty-four"}})
+    config.check_fields({"train_minutes": 5, "model": {"dropout_rate": 0}})  # a number field takes an integer
+    config.check_fields(base.get_config())
+
+
+@pytest.mark.parametrize("name", ["config-issue21.json", "config-early.json"])
+def test_configs_written_by_older_code_pass_the_checks(name, tmp_path):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "config.json").write_text((FIXTURES / name).read_text())
+    assert (
+        config.load_workdir_config(workdir).to_dict()
+        == config.upgrade(ml_collections.ConfigDict(fixture(name))).to_dict()
+    )

@@ -191,6 +191,44 @@ def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data
         assert "fxformer.train" in (workdir / "logs" / f"process_{i}" / "worker.log").read_text()
 
 
+def local_launch_args(workdir, data_dir, **overrides) -> list[str]:
+    """`experiments launch --backend=local` (one process) of the tiny config, with its logs in W/logs."""
+    flags = {**TINY, "data.tfds_data_dir": str(data_dir), **overrides}
+    return ["launch", "--backend=local", "--", "--config=configs/default.py", f"--workdir={workdir}",
+            *(f"--config.{k}={v}" for k, v in flags.items())]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_refused_local_launch_writes_nothing_into_the_workdir(tmp_path, data_dir, corpus):
+    """The workers' logs (W/logs/process_<i>) wait until train has accepted the run: a refused
+    launch leaves a fresh workdir absent (refused at once, or after preparing the data) and an
+    existing one byte for byte; an accepted one's log holds its whole output, from the start."""
+
+    def launch(workdir, **overrides):
+        return experiments(*local_launch_args(workdir, data_dir, **overrides), env=env_with_devices(1))
+
+    fresh = tmp_path / "fresh"
+    for overrides, words in (({"model.num_heads": 0}, "model.num_heads must be positive"),
+                             ({"data.max_length": 3}, "keeps none of")):  # fmt: skip
+        with left_as_is(fresh):
+            refused = launch(fresh, **overrides)
+        assert refused.returncode == exitcodes.USER_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert words in refused.stdout and "Traceback" not in refused.stdout, refused.stdout[-2000:]
+
+    workdir = tmp_path / "w"
+    accepted = launch(workdir, num_train_steps=2)
+    assert accepted.returncode == exitcodes.OK, accepted.stdout[-2000:] + accepted.stderr[-2000:]
+    log = (workdir / "logs" / "process_0" / "worker.log").read_text()
+    assert log.startswith("$ ") and "fxformer.train" in log.splitlines()[0] and "step 2/2" in log
+    assert log.count("\n") >= accepted.stdout.count("\n")  # what was echoed before the run was accepted too
+    with left_as_is(workdir):
+        refused = launch(workdir, num_train_steps=4, **{"data.max_length": 3})
+    assert refused.returncode == exitcodes.USER_ERROR and "keeps none of" in refused.stdout, refused.stdout[-2000:]
+    from experiments.worker import held_pid
+
+    assert not held_pid(workdir / "logs" / "process_0").exists()  # the pid kept while the log was held
+
+
 @pytest.mark.parametrize("name", ["a/b", "my run", "../up"])
 def test_a_run_name_must_be_a_plain_name(name, capsys):
     argv = ["launch", f"--name={name}", "--dry-run", "--", "--config=configs/base.py", "--workdir=/w"]

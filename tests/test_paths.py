@@ -82,3 +82,21 @@ def test_the_workdir_names_its_results_and_reads_its_metrics_past_damaged_lines(
     assert w.eval_result("test", [20]) == tmp_path / "eval" / "test-20.json"
     assert w.eval_result("test", [10, 20], first=8).name == "test-20-avg2-first8.json"
     assert w.eval_result("validation", [10], best=True).name == "validation-10-best.json"
+
+
+def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_path):
+    run = paths.Workdir(tmp_path / "w")
+    for path in (run.checkpoints / "4" / "state", run.best / "2", run.tensorboard):
+        path.mkdir(parents=True)
+    for path in (run.metrics, run.run_info, run.root / ".metrics.jsonl.tmp"):
+        path.write_text("{}")
+    assert run.removed()  # neither config.json nor tokenizer.model: what is there, the run recreated
+    run.forget_training()
+    assert not run.root.exists()
+
+    (run.checkpoints / "4").mkdir(parents=True)
+    (run.root / "notes.txt").write_text("someone else's")
+    run.forget_training()
+    assert [p.name for p in run.root.iterdir()] == ["notes.txt"]  # not the run's: kept, and the directory with it
+    run.tokenizer.write_text("x")
+    assert not run.removed()  # a workdir that keeps its tokenizer (or its config) is no removed one

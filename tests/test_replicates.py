@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import left_as_is
 from scipy import stats as scipy_stats
 from test_launch import check_golden, head_commit
 from test_sweep import LONGER, experiments, losses, started_until_checkpoint, sweep_command
@@ -172,6 +173,20 @@ def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
     assert "paired t-test" in table and "log_sd" not in table  # the footer states the rules in words
     saved = json.loads((Path(ctx.root) / "results" / "results.json").read_text())
     assert saved["rows"][1]["seeds"]["ppl"] == {"0": 2.3, "1": 2.31, "2": 2.2}
+
+
+def test_collect_refuses_a_hand_edited_config_json_naming_it_and_writes_nothing(tmp_path, capsys):
+    ctx = context(tmp_path / "t3", "--seeds=4")
+    write_results(ctx)
+    edited = Path(ctx.root) / "B1.s1" / "config.json"
+    config = json.loads(edited.read_text())
+    edited.write_text(json.dumps({**config, "dropout_rat": 0.3}))
+    argv = ["collect", "table3", f"--root={ctx.root}", "--profile=smoke", "--seeds=4", "--only=base,B1,C1"]
+    with left_as_is(ctx.root):
+        status = experiments_main.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert status == exitcodes.USER_ERROR and len(err.splitlines()) == 1, err
+    assert f"In {edited}, unknown config key 'dropout_rat' (did you mean 'model.dropout_rate'?)" in err
 
 
 def test_collect_says_whether_runs_end_at_their_lowest_dev_perplexity(tmp_path):

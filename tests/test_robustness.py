@@ -2,11 +2,13 @@
 
 import json
 import math
+import shutil
 import signal
+import subprocess
 import sys
 
 import pytest
-from conftest import cut_short, left_as_is, logged, run_train, snapshot, train_command
+from conftest import cut_short, env_with_devices, left_as_is, logged, run_train, snapshot, train_command
 
 from fxformer import cli, configfile, exitcodes, train
 from fxformer.config import with_overrides
@@ -659,3 +661,78 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
     process.stderr.close()
     assert status == exitcodes.USER_ERROR and len(err.strip().splitlines()) == 1, err[:3000]
     assert f"The workdir {workdir} was removed while training" in err
+
+
+@pytest.fixture(scope="module")
+def two_step_workdir(tmp_path_factory, data_dir, corpus):
+    """The smallest run (conftest's TINY, 2 steps), trained once for this module's cases: each copies it."""
+    workdir = tmp_path_factory.mktemp("two-steps") / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    return workdir
+
+
+CONFIG_EDITS = {  # an edit of W/config.json by hand: (section or "", key, value), the words its refusal names
+    "num_heads=0": (("model", "num_heads", 0), "model.num_heads must be positive, not 0"),
+    "d_model=sixty-four": (("model", "d_model", "sixty-four"), "config key 'model.d_model' takes an integer"),
+    "unknown key": (("", "dropout_rat", 0.3), "unknown config key 'dropout_rat' (did you mean 'model.dropout_rate'?)"),
+}
+COMMANDS = {  # what reads a workdir's config.json: (module and flags besides --workdir, stdin)
+    "evaluate": (["fxformer.evaluate", "--limit=4"], None),
+    "translate": (["fxformer.translate"], "The dog sees the man.\n"),
+    "attention": (["fxformer.attention", "--source=The dog sees the man."], None),
+    "train-resume": (["fxformer.train"], None),  # no --config: the workdir's own
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("edit", CONFIG_EDITS)
+def test_a_hand_edited_config_json_is_one_sentence_from_every_command_and_changes_nothing(
+    edit, command, two_step_workdir, tmp_path
+):
+    workdir = tmp_path / "w"
+    shutil.copytree(two_step_workdir, workdir)
+    path = workdir / "config.json"
+    written = json.loads(path.read_text())
+    (section, key, value), words = CONFIG_EDITS[edit]
+    (written[section] if section else written)[key] = value
+    path.write_text(json.dumps(written, indent=2))
+    argv, stdin = COMMANDS[command]
+    with left_as_is(workdir):
+        result = subprocess.run([sys.executable, "-m", argv[0], f"--workdir={workdir}", *argv[1:]], input=stdin,
+                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    err = result.stderr.strip()
+    assert result.returncode == exitcodes.USER_ERROR and len(err.splitlines()) == 1, err[-3000:]
+    assert err.startswith(f"error: In {path}, {words}") and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, corpus):
+    """The workdir is removed while a save is in flight, then the run gets SIGTERM: what it wrote
+    after the removal (orbax recreates the directories it writes into: without the clean-up, the
+    finished save of that step was left at the deleted path) is removed again, one sentence says
+    why nothing was saved, and the exit status is the interruption's (75). The run is paused
+    (SIGSTOP) for the removal and the signal, so that it cannot find the workdir gone before the
+    signal comes (it then ends with 2, as without one)."""
+    import time
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=1, keep_checkpoints=2)
+    process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while not (workdir / "checkpoints" / "3").exists():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    while not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*")):  # the next save has begun
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGSTOP)
+    shutil.rmtree(workdir)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGCONT)
+    status, err = process.wait(timeout=120), process.stderr.read()
+    process.stderr.close()
+    assert status == exitcodes.STOPPED and len(err.strip().splitlines()) == 1, err[:3000]
+    assert f"The workdir {workdir} was removed while training" in err
+    assert not workdir.exists(), sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))[:20]

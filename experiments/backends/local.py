@@ -50,8 +50,9 @@ class Local:
             for argv in argvs:
                 print(shlex.join(argv))
             return Launched.of(exitcodes.OK)
+        once = " (once training begins: a refused run writes nothing there)" if job.hold_log else ""
         for i in range(self.processes):
-            say(f"process {i}: log {self.rundir(job, i) / 'worker.log'}")
+            say(f"process {i}: log {self.rundir(job, i) / 'worker.log'}{once}")
         self.group = group.Group(
             lambda: self.signal(job, signal.SIGTERM), lambda: self.signal(job, signal.SIGKILL), self.grace_s
         )
