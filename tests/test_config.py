@@ -72,7 +72,8 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
     assert set(added) == {
         "decode", "dev_bleu_every_steps", "dev_bleu_sentences", "best_metric", "early_stopping_patience",
         "train_minutes", "divergence_factor", "model.attention_impl", "data.validation_source_file",
-        "data.validation_target_file", "data.test_source_file", "data.test_target_file",
+        "data.validation_target_file", "data.test_source_file", "data.test_target_file", "data.workers",
+        "data.device_prefetch",
     }  # fmt: skip
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -82,9 +83,12 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
     assert set(changes) == set(added) | set(moved)  # every field it had keeps its value
 
 
-def test_a_config_written_before_this_change_upgrades_to_itself():
+def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_since():
     written = fixture("config-issue21.json")
-    assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == written
+    since = {"workers": 0, "device_prefetch": 0}  # issue 36's input pipeline
+    assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == {
+        **written, "data": {**written["data"], **since}
+    }
 
 
 REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
