@@ -60,7 +60,7 @@ def raw_folder(arg: str) -> str:
     import os
 
     for sub in RAW:
-        folder = os.path.join(arg, sub)
+        folder = os.path.normpath(os.path.join(os.path.expanduser(arg), sub))
         if os.path.isfile(os.path.join(folder, "train.en.gz")):
             return folder
     raise ValueError(

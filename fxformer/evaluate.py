@@ -5,7 +5,7 @@
     python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
 
 Restores onto the devices at hand, whatever count trained the run. Writes
-`W/eval/<split>-<step>.json` (bleu, chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's
+`W/eval/<split>-<step>.json` (bleu, bleu_lc (lowercased), chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's
 signature, the decode settings, ...) and the detokenized translations beside it (`.hyp.txt`,
 with `.ref.txt`). `--config.decode.<field>=<value>` changes the search (strategy, beam_size,
 alpha, beam_variant, max_extra, ...); the model and data are the trained run's.
@@ -36,10 +36,13 @@ def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log
 
 
 def scores(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU's BLEU (with its signature) and chrF of a corpus."""
+    """sacreBLEU's BLEU (with its signature), its lowercased BLEU (`sacrebleu -lc`, the small-corpus
+    literature's usual figure) and chrF of a corpus."""
     bleu, signature = inference.bleu(hypotheses, references)
+    lowercased = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])
     chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
-    return {"bleu": bleu.score, "chrf": chrf.score, "sacrebleu": str(bleu), "signature": signature}
+    return {"bleu": bleu.score, "bleu_lc": lowercased.score, "chrf": chrf.score, "sacrebleu": str(bleu),
+            "signature": signature}  # fmt: skip
 
 
 def evaluate(
@@ -118,7 +121,7 @@ def main() -> None:
         print(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
         print(r["sacrebleu"])
         print(f"sacreBLEU signature: {r['signature']}")
-        print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}")
+        print(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}")
         return
 
     def report(r: dict) -> None:
@@ -128,7 +131,8 @@ def main() -> None:
         print(f"sacreBLEU signature: {r['signature']}", flush=True)
 
     r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
-    print(f"BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f}; results in {r.get('path', args.workdir)}")
+    print(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
+          f"{r.get('path', args.workdir)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -75,10 +75,11 @@ def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, 
     assert hyps.exists()
     scored = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}", "--limit=30")
     assert scored.returncode == 0, scored.stderr[-3000:]
-    bleu, chrf = (subprocess.run([sys.executable, "-m", "sacrebleu", str(refs), "-i", str(edited), "-m", metric, "-b",
-                                  "-w", "2"], capture_output=True, text=True, check=True).stdout.strip()
-                  for metric in ("bleu", "chrf"))  # fmt: skip
-    assert f"BLEU {bleu}, chrF {chrf}" in scored.stdout and 20 < float(bleu) < 90
+    bleu, lowercased, chrf = (subprocess.run([sys.executable, "-m", "sacrebleu", str(refs), "-i", str(edited), "-m",
+                                              metric, "-b", "-w", "2", *flags], capture_output=True, text=True,
+                                             check=True).stdout.strip()
+                              for metric, flags in (("bleu", []), ("bleu", ["-lc"]), ("chrf", [])))  # fmt: skip
+    assert f"BLEU {bleu} (lowercased {lowercased}), chrF {chrf}" in scored.stdout and 20 < float(bleu) < 90
     with left_as_is(eight_device_workdir):
         short = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}")
     assert short.returncode == exitcodes.USER_ERROR and "has 30 lines but the test split has" in short.stderr
