@@ -306,14 +306,14 @@ def progress(done: int, total: int, start: float, what: str) -> None:
 
 
 def translate_examples(
-    translate, params, examples: list[dict], tokenizer: Tokenizer, batch_size: int, length: int, mesh,
-    what: str | None, seed: int = 0,
+    translate, params, examples: list[dict], *, tokenizer: Tokenizer, batch_size: int, length: int, mesh,
+    what: str | None = None, seed: int = 0,
 ) -> list[list[tuple[str, float]]]:  # fmt: skip
-    """Every example's detokenized translations with their scores, best first, in order
-    (`translate`: a `translator`); progress on stderr as `what` (None: quiet). Batches group
-    sources of similar length, longest first, each padded to its own bucket of at most `length`
-    (one compilation per bucket). Sampling uses a key folded from `seed` and the batch's number,
-    so a run repeats exactly."""
+    """The one place translations are assembled (search -> detokenize): every example's
+    detokenized translations with their scores, best first, in order (`translate`: a
+    `translator`); progress on stderr as `what` (None: quiet). Batches group sources of similar
+    length, longest first, each padded to its own bucket of at most `length` (one compilation per
+    bucket). Sampling uses a key folded from `seed` and the batch's number, so a run repeats exactly."""
     out: list[list[tuple[str, float]]] = [[] for _ in examples]
     batch_size = parallel.round_to_devices(batch_size)
     process = jax.process_index(), jax.process_count()
@@ -331,6 +331,20 @@ def translate_examples(
         if what:
             progress(i + 1, len(batches), start, what)
     return out
+
+
+def translate_sources(
+    run: Restored, sources: list[str], *, batch_size: int = 0, what: str | None = None, log=print
+) -> list[list[tuple[str, float]]]:
+    """Sentences of text -> their translations with scores, best first (tokenize, then
+    `translate_examples`), searched as the run's decode section says; `batch_size` 0: the
+    config's eval batch size. `fxformer.translate` and `fxformer.attention` translate with it."""
+    examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
+    return translate_examples(
+        translator(run.model, run.mesh, run.decode), run.params, examples, tokenizer=run.tokenizer,
+        batch_size=batch_size or run.config.data.eval_batch_size, mesh=run.mesh, what=what, seed=run.decode.seed,
+        length=source_length(examples, run.model, run.decode.max_extra, log),
+    )  # fmt: skip
 
 
 def source_length(examples: list[dict], model, max_extra: int, log=print) -> int:
@@ -361,8 +375,8 @@ class BestTranslations:
 
     def __call__(self, params, what: str | None = None) -> list[str]:
         translated = translate_examples(
-            self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, what,
-            self.options.seed,
+            self.translate, params, self.examples, tokenizer=self.tokenizer, batch_size=self.batch_size,
+            length=self.length, mesh=self.mesh, what=what, seed=self.options.seed,
         )  # fmt: skip
         return [nbest[0][0] for nbest in translated]
 
