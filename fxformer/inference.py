@@ -129,7 +129,7 @@ def checkpoint_params(
         if len(chosen) < k:
             log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
-            params = checkpoint.restore_state_params(manager, chosen[0], abstract_params)
+            params = checkpoint.training_params(manager, chosen[0], abstract_params)
         else:
             params = averaged(workdir, manager, chosen, abstract_params, log, keep_average)
     return params, chosen
@@ -143,7 +143,7 @@ def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dic
         step = manager.latest_step()
         if step is None:
             raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.restore_params(manager, step, abstract_params)
+        params, meta = checkpoint.kept_params(manager, step, abstract_params, kind="best")
     log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
     return params, [step]
 
@@ -173,7 +173,7 @@ def saved_average(directory, steps: list[int], abstract_params):
     with checkpoint.open_manager(directory, asynchronous=False) as avg:
         if steps[-1] not in avg.all_steps():
             return None
-        params, meta = checkpoint.restore_params(avg, steps[-1], abstract_params)
+        params, meta = checkpoint.kept_params(avg, steps[-1], abstract_params)
     return params if meta["checkpoint_steps"] == steps else None
 
 
@@ -190,15 +190,17 @@ def loss_step(model: Transformer, label_smoothing: float, mesh):
     )
 
 
-def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = "") -> dict[str, float]:
+def dev_loss(
+    jit_loss_step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = ""
+) -> dict[str, float]:
     """Per-token loss, NLL, perplexity and accuracy over `examples` (keys with `prefix`), each
-    counted once (`step`: a `loss_step`)."""
+    counted once (`jit_loss_step`: a compiled `loss_step`)."""
     length = pipeline.eval_length(examples, max_len)
     totals = dict.fromkeys(optim.SUMS, 0.0)
     batch_size = parallel.round_to_devices(config.data.eval_batch_size)
     for batch in pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()):
         batch.pop("index")
-        sums = jax.device_get(step(params, parallel.global_batch(mesh, batch)))
+        sums = jax.device_get(jit_loss_step(params, parallel.global_batch(mesh, batch)))
         for key in totals:
             totals[key] += float(sums[key])
     return per_token(totals, prefix)

@@ -160,7 +160,8 @@ class StopRequest:
     def name(self) -> str:
         return signal.Signals(self.signal).name if self.signal else ""
 
-    def restore(self) -> None:
+    def uninstall(self) -> None:
+        """Put back the signal handlers there were before."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
@@ -195,7 +196,7 @@ def train_and_evaluate(
         return _check_then_train(config, paths.Workdir(workdir), log, stop)
     finally:
         if own_stop:
-            stop.restore()
+            stop.uninstall()
 
 
 def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
@@ -342,7 +343,7 @@ def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, 
     manager = checkpoint.open_manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = manager.latest_step() or 0
     if start_step:
-        state = checkpoint.restore(manager, start_step, abstract_state, data_iterator)
+        state = checkpoint.restore_training_state(manager, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
         return manager, state, start_step
     if workdir.logged():
