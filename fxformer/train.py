@@ -251,7 +251,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     total = config.num_train_steps
     pending: list[dict] = []  # device metrics of the steps not yet logged
     step, last_save = start_step, time.time()
-    if step < total and agree(config, step, stop, progress, False, now=True).stop:  # data preparation, compiling
+    if step < total and agree(config, step, stop, progress, time_due=False, now=True).stop:  # preparing, compiling
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         step = total  # skip the loop; the returned state is the checkpoint's
     try:
@@ -266,7 +266,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
                 progress.first_step(step)
 
             minutes = config.checkpoint_every_minutes
-            now = agree(config, step, stop, progress, 0 < minutes <= (time.time() - last_save) / 60)
+            now = agree(config, step, stop, progress, time_due=0 < minutes <= (time.time() - last_save) / 60)
             due = what_is_due(config, step, now, dev_bleu is not None)
             if due.log and not workdir.tokenizer.exists():  # the workdir was removed under the run
                 raise FileNotFoundError(workdir.tokenizer)
@@ -378,7 +378,7 @@ class Agreed(NamedTuple):
     stop: bool  # a signal (SIGTERM, Ctrl-C) or the time budget
 
 
-def agree(config, step: int, stop: StopRequest, progress: Progress, time_due: bool, now: bool = False) -> Agreed:
+def agree(config, step: int, stop: StopRequest, progress: Progress, *, time_due: bool, now: bool = False) -> Agreed:
     """The same decision on every process: several processes compare their flags every
     `AGREE_EVERY` steps or log steps (or `now`, a point every process reaches), so they always
     save and stop together, soon after a pre-emption notice."""
