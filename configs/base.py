@@ -4,100 +4,17 @@
 
 Needs WMT14 prepared with TFDS first (README, "WMT 2014"). Table 3 rows start from here.
 
-Every config field is defined here, with its default: the other configs override some, and a
-workdir's config.json written before a field existed gets it from here (`fxformer.config.upgrade`).
+The paper's base recipe is fxformer's defaults (`fxformer/schema.py`, where every config field is
+defined, with its default): the other configs override some of them.
 """
 
 import ml_collections
+
+from fxformer.schema import defaults
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The paper's base model, optimizer and data (sections 3, 5, 6)."""
     if arg:
         raise ValueError(f"configs/base.py takes no argument, not '{arg}'.")
-    config = ml_collections.ConfigDict()
-
-    config.model = ml_collections.ConfigDict()
-    config.model.num_layers = 6  # N
-    config.model.d_model = 512
-    config.model.d_ff = 2048
-    config.model.num_heads = 8  # h
-    config.model.d_k = 0  # 0: d_model / h (64); resolved when the config is loaded
-    config.model.d_v = 0  # 0: d_model / h (64)
-    config.model.dropout_rate = 0.1  # P_drop
-    config.model.attention_dropout_rate = 0.0  # departure when > 0
-    config.model.relu_dropout_rate = 0.0  # departure when > 0
-    config.model.positional = "sinusoidal"  # or "learned" (Table 3 row E)
-    config.model.max_len = 512  # positional table size; >= data.max_length
-    config.model.norm = "post"  # or "pre" (departure)
-    config.model.attention_bias = False  # the paper's W^Q, W^K, W^V, W^O have no biases (True: departure)
-    config.model.dtype = "float32"  # or "bfloat16" compute with float32 parameters
-    config.model.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
-
-    config.data = ml_collections.ConfigDict()
-    config.data.dataset = "wmt14_translate/de-en"  # TFDS name; "embedded", "embedded2" or "text" for the others
-    config.data.source_lang = "en"
-    config.data.target_lang = "de"
-    config.data.tfds_data_dir = ""  # TFDS data directory ("" = TFDS default, ~/tensorflow_datasets)
-    config.data.manual_dir = ""  # TFDS manual-download directory for WMT files
-    config.data.num_train = 40_000  # embedded corpus: pairs per split, and the grammar's seed
-    config.data.num_validation = 1_000
-    config.data.num_test = 1_000
-    config.data.corpus_seed = 0
-    config.data.source_file = ""  # dataset "text": line-aligned source and target files (plain or .gz)
-    config.data.target_file = ""
-    config.data.validation_source_file = ""  # dataset "text": separate validation and test files
-    config.data.validation_target_file = ""  # (the usual valid.en / valid.de, test.en / test.de)
-    config.data.test_source_file = ""
-    config.data.test_target_file = ""
-    config.data.heldout = 1000  # dataset "text" without those files: the last 2 x heldout pairs are validation, test
-    config.data.train_split = "train"
-    config.data.eval_split = "validation"  # newstest2013
-    config.data.test_split = "test"  # newstest2014
-    config.data.vocab_size = 37000  # one shared source-target BPE vocabulary
-    config.data.tokenizer_sentences = 2_000_000  # sentencepiece training sample cap
-    config.data.max_length = 256  # tokens per side, before packing
-    config.data.overlong = "drop"  # or "truncate"
-    config.data.tokens_per_batch = 25_000  # per side, global, per step (paper: ~25,000 + 25,000)
-    config.data.eval_batch_size = 64  # sentences per evaluation batch, global
-    config.data.shuffle_seed = 0
-    config.data.workers = 0  # grain processes making training batches (0 = in the training process)
-    config.data.device_prefetch = 0  # training batches placed on the devices ahead of their step (0 = off)
-    config.data.num_shards = 0  # training-data shards (0 = one per process); a fixed count makes the
-    # data order independent of the process count (a run still resumes only on as many processes)
-
-    config.label_smoothing = 0.1  # eps_ls
-    config.warmup_steps = 4000
-    config.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    config.adam_b1 = 0.9
-    config.adam_b2 = 0.98
-    config.adam_eps = 1e-9
-    config.grad_accum_steps = 1  # micro-batches per step, to reach the paper's batch on fewer devices
-
-    config.num_train_steps = 100_000
-    config.checkpoint_every_steps = 1500  # ~10 minutes at the paper's 0.4 s/step, on any hardware
-    config.checkpoint_every_minutes = 10.0  # the paper averages checkpoints 10 minutes apart (0 = off)
-    config.keep_checkpoints = 20
-    config.log_every_steps = 100
-    config.eval_every_steps = 5000
-    config.eval_batches = 0  # dev batches per periodic evaluation (0 = the whole split)
-    config.seed = 0
-    config.dev_bleu_every_steps = 0  # beam-search BLEU on the dev split's first sentences (0 = off; slow)
-    config.dev_bleu_sentences = 200  # how many (0 = the whole dev split)
-    config.best_metric = "dev_ppl"  # dev_ppl, dev_loss, dev_accuracy or dev_bleu: its best kept in W/best ("" = off)
-    config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
-    config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
-    config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
-
-    config.decode = ml_collections.ConfigDict()  # how evaluate, translate and dev BLEU search (section 6.1)
-    config.decode.strategy = "beam"  # beam, greedy or sample
-    config.decode.beam_size = 4
-    config.decode.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha
-    config.decode.beam_variant = "live"  # live (fxformer's, the paper's) or t2t (2k candidates, k kept live)
-    config.decode.max_extra = 50  # maximum output length = input length + 50
-    config.decode.nbest = 1  # translations per input (beam: at most beam_size; sample: samples per input)
-    config.decode.temperature = 1.0  # sampling: softmax(log p / temperature)
-    config.decode.top_k = 0  # sampling: only the k most probable tokens (0 = all)
-    config.decode.seed = 0  # sampling: the same seed gives the same samples
-    config.average_last = 5  # checkpoints averaged for the final evaluation
-    return config
+    return defaults()

@@ -106,7 +106,8 @@ class Context:
         flags = (*rep.flags(self.extra), f"--workdir={workdir}")
         logdir = default_logdir(workdir, self.sweep.name, rep.name)
         evals = [f for split, f in self.sweep.evaluations() if splits is None or split in splits]
-        return Job(f"{self.sweep.name}-{rep.name}", flags, True, evals[0], logdir, train, tuple(evals[1:]))
+        return Job(f"{self.sweep.name}-{rep.name}", flags, evaluate=True, eval_flags=evals[0], logdir=logdir,
+                   train=train, more_evals=tuple(evals[1:]))  # fmt: skip
 
 
 def read_root(root: str, dry_run: bool) -> dict:

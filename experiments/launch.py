@@ -54,7 +54,8 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     logdir = Path(args.logdir) if args.logdir else default_logdir(workdir or "", name)
     # A refused run leaves its workdir as it was (or absent): the workers' logs wait for train to accept it.
     hold = bool(workdir) and not is_url(workdir) and inside(logdir, Path(os.path.expanduser(workdir)))
-    return Job(name, tuple(train_flags), args.evaluate, tuple(shlex.split(args.eval_flags)), logdir, hold_log=hold)
+    return Job(name, tuple(train_flags), evaluate=args.evaluate, eval_flags=tuple(shlex.split(args.eval_flags)),
+               logdir=logdir, hold_log=hold)  # fmt: skip
 
 
 def inside(path: Path, directory: Path) -> bool:

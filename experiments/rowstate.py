@@ -119,8 +119,9 @@ class RowState:
         return owner if alive else None
 
     def state(self, lease_s: float = DEFAULT_LEASE_S) -> RowStatus:
-        """The row's status from its files (every RowStatus but one a launcher reports alone); a row
-        evaluated on its first split but not on every other is TRAINED: its evaluation goes on."""
+        """The row's status from its files, any of the seven RowStatus values (RUNNING and SUBMITTED
+        from a live lease); a row evaluated on its first split but not on every other is TRAINED:
+        its evaluation goes on."""
         if self.results is not None and not self.unevaluated:
             return RowStatus.FINISHED
         if self.holder(lease_s):

@@ -113,14 +113,7 @@ def attention_weights(config: TransformerConfig, params, inputs, targets) -> dic
 def translation(run: inference.Restored, source: str, log=print) -> str:
     """The best translation of `source`, found as `fxformer.translate` finds it: the run's decode
     section, checkpoint(s), batch size and padded length."""
-    options = run.decode
-    examples = [{"inputs": run.tokenizer.encode(source), "targets": run.tokenizer.encode("")}]
-    length = inference.source_length(examples, run.model, options.max_extra, log)
-    found = inference.translate_examples(
-        inference.translator(run.model, run.mesh, options), run.params, examples, run.tokenizer,
-        run.config.data.eval_batch_size, length, run.mesh, None, options.seed,
-    )  # fmt: skip
-    return found[0][0][0]
+    return inference.translate_sources(run, [source], log=log)[0][0][0]
 
 
 def check_sentences(source: str, target: str | None) -> None:

@@ -122,7 +122,7 @@ def settle(manager: ocp.CheckpointManager) -> None:
         manager.close()
 
 
-def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
+def restore_training_state(manager: ocp.CheckpointManager, step: int, abstract_state, data_iterator=None):
     """The state at `step`, laid out as `abstract_state` says (its shardings pick the devices).
 
     `data_iterator`, if given, is moved to the saved position.
@@ -133,7 +133,7 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state, data_iter
     return _restore(manager, step, items, abstract_state.params, resuming=data_iterator is not None)["state"]
 
 
-def restore_state_params(manager: ocp.CheckpointManager, step: int, abstract_params):
+def training_params(manager: ocp.CheckpointManager, step: int, abstract_params):
     """The parameters of the state at `step`, laid out as `abstract_params` says, read alone: a
     partial restore of the state's `params` subtree (Adam's moments, the step and the RNG key
     are not read). `manager` must not save or restore whole states: orbax binds an item to one
@@ -213,30 +213,40 @@ def abstract_like(tree, sharding) -> object:
 
 def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_params) -> dict:
     """The element-wise mean of the parameters saved at `steps` (the paper averages the last 5 or
-    20), each read alone (`restore_state_params`)."""
+    20), each read alone (`training_params`)."""
     total = None
     for step in steps:
-        params = restore_state_params(manager, step, abstract_params)
+        params = training_params(manager, step, abstract_params)
         total = params if total is None else jax.tree.map(jnp.add, total, params)
     return jax.tree.map(lambda x: x / len(steps), total)
 
 
 def save_params(manager: ocp.CheckpointManager, step: int, params, meta: dict) -> None:
-    """Write parameters alone (an averaged checkpoint) with a JSON description, and wait."""
+    """Write parameters alone (an averaged checkpoint, or the best) with a JSON description, and wait."""
     args = ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta))
     manager.save(step, args=args, force=True)
     manager.wait_until_finished()
 
 
-def restore_params(manager: ocp.CheckpointManager, step: int, abstract_params) -> tuple[dict, dict]:
-    """Parameters and description of an averaged checkpoint."""
+def kept_params(
+    manager: ocp.CheckpointManager, step: int, abstract_params, kind: str = "averaged"
+) -> tuple[dict, dict]:
+    """Parameters and description of parameters kept apart from training (`save_params`): an
+    average of training checkpoints (`W/averaged/last<k>`, kind "averaged", a cache) or the best
+    by dev metric (`W/best`, kind "best", which nothing else holds)."""
     args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
     try:
         out = manager.restore(step, args=args)
     except Exception as e:
+        where = f"{manager.directory}/{step}"
+        if kind == "best":
+            raise UserError(
+                f"The best checkpoint {where} is unreadable ({type(e).__name__}); nothing else holds those parameters: "
+                "restore it from a copy, or evaluate a training checkpoint instead (--step=latest or --step=N)."
+            ) from None
         raise UserError(
-            f"Averaged checkpoint {manager.directory}/{step} is unreadable ({type(e).__name__}); it is only a cache: "
-            f"delete {manager.directory}/{step} and it is averaged again from the training checkpoints."
+            f"Averaged checkpoint {where} is unreadable ({type(e).__name__}); it is only a cache: "
+            f"delete {where} and it is averaged again from the training checkpoints."
         ) from None
     return out["params"], out["meta"]
 

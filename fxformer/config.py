@@ -1,4 +1,4 @@
-"""A run's config in one place (its fields and their defaults are configs/base.py's): dotted keys,
+"""A run's config in one place (its fields and their defaults are fxformer/schema.py's): dotted keys,
 the fields derived from others, `upgrade` (a config.json written by older code, as today's code
 reads it), `check_fields` (every key known, every value of its field's type) and `validate`
 (every check of a config, each refusal one sentence), `DecodeOptions` (the `decode` section as
@@ -6,7 +6,7 @@ the searches take it), and the resolved config a run records in its workdir (`W/
 read and checked by every command, written, compared on resume). Imports no JAX (the launcher
 and the sweeps use it).
 
-A new field is one line in configs/base.py, plus, if some of its values cannot run, one check
+A new field is one line in fxformer/schema.py, plus, if some of its values cannot run, one check
 in `validate`.
 """
 
@@ -21,8 +21,7 @@ from typing import Any, ClassVar
 
 import ml_collections
 
-from configs import base
-from fxformer import paths
+from fxformer import paths, schema
 from fxformer.errors import UserError
 
 # ---------------------------------------------------------------------------------------------
@@ -112,10 +111,10 @@ RENAMED = {"beam_size": "decode.beam_size", "alpha": "decode.alpha", "max_decode
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A config written by older code (a workdir's config.json), as today's code reads it: fields
     it names otherwise (`RENAMED`) moved to today's names, and every field it lacks filled with
-    configs/base.py's default; the fields it has keep their values."""
+    fxformer/schema.py's default; the fields it has keep their values."""
     old = config.to_dict()
     renamed = {now: old.pop(before) for before, now in RENAMED.items() if before in old}
-    upgraded = _filled(old, base.get_config().to_dict())
+    upgraded = _filled(old, schema.defaults().to_dict())
     for key, value in renamed.items():
         if key not in dotted_keys(old):  # not written under today's name too
             node, leaf = walk(upgraded, key)
@@ -156,9 +155,9 @@ def fits(value, default) -> bool:
 
 
 def check_fields(config) -> None:
-    """Refuse, in one sentence, a key configs/base.py does not define (naming the closest one) or
+    """Refuse, in one sentence, a key fxformer/schema.py does not define (naming the closest one) or
     a value of another type than its field's: what a command-line override is refused for."""
-    defaults = base.get_config().to_dict()
+    defaults = schema.defaults().to_dict()
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
     _check_fields(given, defaults, defaults, "")
 
@@ -320,7 +319,7 @@ def attention_impl(model: ml_collections.ConfigDict, backend: str | None) -> str
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-    """The `decode` section (configs/base.py says what each field means) as the searches
+    """The `decode` section (fxformer/schema.py says what each field means) as the searches
     (`fxformer.inference.search`) take it: frozen and hashable, so static under jit. One the
     searches cannot run is refused in one sentence when it is made (`of` a section)."""
 

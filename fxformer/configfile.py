@@ -26,9 +26,8 @@ def make_importable(file: Path) -> None:
         sys.path.insert(0, str(package.parent))
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-    """`path/to/config.py[:arg]` -> the ConfigDict its `get_config(arg)` returns."""
-    path, _, arg = spec.partition(":")
+def load_module(path: str):
+    """The Python module of the config file at `path` (its siblings in configs/ importable)."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"Config file '{path}' does not exist.")
@@ -39,6 +38,13 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         module_spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - a config file that does not even import
         raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
+    return module
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """`path/to/config.py[:arg]` -> the ConfigDict its `get_config(arg)` returns."""
+    path, _, arg = spec.partition(":")
+    module = load_module(path)
     if not hasattr(module, "get_config"):
         raise UserError(f"Config file '{path}' has no get_config() function.")
     try:

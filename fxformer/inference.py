@@ -129,7 +129,7 @@ def checkpoint_params(
         if len(chosen) < k:
             log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
-            params = checkpoint.restore_state_params(manager, chosen[0], abstract_params)
+            params = checkpoint.training_params(manager, chosen[0], abstract_params)
         else:
             params = averaged(workdir, manager, chosen, abstract_params, log, keep_average)
     return params, chosen
@@ -143,7 +143,7 @@ def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dic
         step = manager.latest_step()
         if step is None:
             raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.restore_params(manager, step, abstract_params)
+        params, meta = checkpoint.kept_params(manager, step, abstract_params, kind="best")
     log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
     return params, [step]
 
@@ -173,7 +173,7 @@ def saved_average(directory, steps: list[int], abstract_params):
     with checkpoint.open_manager(directory, asynchronous=False) as avg:
         if steps[-1] not in avg.all_steps():
             return None
-        params, meta = checkpoint.restore_params(avg, steps[-1], abstract_params)
+        params, meta = checkpoint.kept_params(avg, steps[-1], abstract_params)
     return params if meta["checkpoint_steps"] == steps else None
 
 
@@ -190,15 +190,17 @@ def loss_step(model: Transformer, label_smoothing: float, mesh):
     )
 
 
-def dev_loss(step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = "") -> dict[str, float]:
+def dev_loss(
+    jit_loss_step, params, examples: list[dict], config, mesh, max_len: int, prefix: str = ""
+) -> dict[str, float]:
     """Per-token loss, NLL, perplexity and accuracy over `examples` (keys with `prefix`), each
-    counted once (`step`: a `loss_step`)."""
+    counted once (`jit_loss_step`: a compiled `loss_step`)."""
     length = pipeline.eval_length(examples, max_len)
     totals = dict.fromkeys(optim.SUMS, 0.0)
     batch_size = parallel.round_to_devices(config.data.eval_batch_size)
     for batch in pipeline.eval_batches(examples, batch_size, length, jax.process_index(), jax.process_count()):
         batch.pop("index")
-        sums = jax.device_get(step(params, parallel.global_batch(mesh, batch)))
+        sums = jax.device_get(jit_loss_step(params, parallel.global_batch(mesh, batch)))
         for key in totals:
             totals[key] += float(sums[key])
     return per_token(totals, prefix)
@@ -306,14 +308,14 @@ def progress(done: int, total: int, start: float, what: str) -> None:
 
 
 def translate_examples(
-    translate, params, examples: list[dict], tokenizer: Tokenizer, batch_size: int, length: int, mesh,
-    what: str | None, seed: int = 0,
+    translate, params, examples: list[dict], *, tokenizer: Tokenizer, batch_size: int, length: int, mesh,
+    what: str | None = None, seed: int = 0,
 ) -> list[list[tuple[str, float]]]:  # fmt: skip
-    """Every example's detokenized translations with their scores, best first, in order
-    (`translate`: a `translator`); progress on stderr as `what` (None: quiet). Batches group
-    sources of similar length, longest first, each padded to its own bucket of at most `length`
-    (one compilation per bucket). Sampling uses a key folded from `seed` and the batch's number,
-    so a run repeats exactly."""
+    """The one place translations are assembled (search -> detokenize): every example's
+    detokenized translations with their scores, best first, in order (`translate`: a
+    `translator`); progress on stderr as `what` (None: quiet). Batches group sources of similar
+    length, longest first, each padded to its own bucket of at most `length` (one compilation per
+    bucket). Sampling uses a key folded from `seed` and the batch's number, so a run repeats exactly."""
     out: list[list[tuple[str, float]]] = [[] for _ in examples]
     batch_size = parallel.round_to_devices(batch_size)
     process = jax.process_index(), jax.process_count()
@@ -331,6 +333,20 @@ def translate_examples(
         if what:
             progress(i + 1, len(batches), start, what)
     return out
+
+
+def translate_sources(
+    run: Restored, sources: list[str], *, batch_size: int = 0, what: str | None = None, log=print
+) -> list[list[tuple[str, float]]]:
+    """Sentences of text -> their translations with scores, best first (tokenize, then
+    `translate_examples`), searched as the run's decode section says; `batch_size` 0: the
+    config's eval batch size. `fxformer.translate` and `fxformer.attention` translate with it."""
+    examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
+    return translate_examples(
+        translator(run.model, run.mesh, run.decode), run.params, examples, tokenizer=run.tokenizer,
+        batch_size=batch_size or run.config.data.eval_batch_size, mesh=run.mesh, what=what, seed=run.decode.seed,
+        length=source_length(examples, run.model, run.decode.max_extra, log),
+    )  # fmt: skip
 
 
 def source_length(examples: list[dict], model, max_extra: int, log=print) -> int:
@@ -361,8 +377,8 @@ class BestTranslations:
 
     def __call__(self, params, what: str | None = None) -> list[str]:
         translated = translate_examples(
-            self.translate, params, self.examples, self.tokenizer, self.batch_size, self.length, self.mesh, what,
-            self.options.seed,
+            self.translate, params, self.examples, tokenizer=self.tokenizer, batch_size=self.batch_size,
+            length=self.length, mesh=self.mesh, what=what, seed=self.options.seed,
         )  # fmt: skip
         return [nbest[0][0] for nbest in translated]
 

@@ -160,7 +160,8 @@ class StopRequest:
     def name(self) -> str:
         return signal.Signals(self.signal).name if self.signal else ""
 
-    def restore(self) -> None:
+    def uninstall(self) -> None:
+        """Put back the signal handlers there were before."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
@@ -195,7 +196,7 @@ def train_and_evaluate(
         return _check_then_train(config, paths.Workdir(workdir), log, stop)
     finally:
         if own_stop:
-            stop.restore()
+            stop.uninstall()
 
 
 def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
@@ -250,7 +251,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     total = config.num_train_steps
     pending: list[dict] = []  # device metrics of the steps not yet logged
     step, last_save = start_step, time.time()
-    if step < total and agree(config, step, stop, progress, False, now=True).stop:  # data preparation, compiling
+    if step < total and agree(config, step, stop, progress, time_due=False, now=True).stop:  # preparing, compiling
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         step = total  # skip the loop; the returned state is the checkpoint's
     try:
@@ -265,7 +266,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
                 progress.first_step(step)
 
             minutes = config.checkpoint_every_minutes
-            now = agree(config, step, stop, progress, 0 < minutes <= (time.time() - last_save) / 60)
+            now = agree(config, step, stop, progress, time_due=0 < minutes <= (time.time() - last_save) / 60)
             due = what_is_due(config, step, now, dev_bleu is not None)
             if due.log and not workdir.tokenizer.exists():  # the workdir was removed under the run
                 raise FileNotFoundError(workdir.tokenizer)
@@ -342,7 +343,7 @@ def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, 
     manager = checkpoint.open_manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = manager.latest_step() or 0
     if start_step:
-        state = checkpoint.restore(manager, start_step, abstract_state, data_iterator)
+        state = checkpoint.restore_training_state(manager, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
         return manager, state, start_step
     if workdir.logged():
@@ -377,7 +378,7 @@ class Agreed(NamedTuple):
     stop: bool  # a signal (SIGTERM, Ctrl-C) or the time budget
 
 
-def agree(config, step: int, stop: StopRequest, progress: Progress, time_due: bool, now: bool = False) -> Agreed:
+def agree(config, step: int, stop: StopRequest, progress: Progress, *, time_due: bool, now: bool = False) -> Agreed:
     """The same decision on every process: several processes compare their flags every
     `AGREE_EVERY` steps or log steps (or `now`, a point every process reaches), so they always
     save and stop together, soon after a pre-emption notice."""

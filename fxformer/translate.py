@@ -55,20 +55,15 @@ def main() -> None:
     log = cli.log_to_stderr
     run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log)
     log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
-    options = run.decode
     todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
-    examples = [{"inputs": run.tokenizer.encode(lines[i]), "targets": run.tokenizer.encode("")} for i in todo]
     translated = {}
-    if examples:
-        length = inference.source_length(examples, run.model, options.max_extra, log)
-        batch_size = args.batch_size or run.config.data.eval_batch_size
-        found = inference.translate_examples(
-            inference.translator(run.model, run.mesh, options), run.params, examples, run.tokenizer, batch_size,
-            length, run.mesh, "translate", options.seed,
-        )  # fmt: skip
+    if todo:
+        found = inference.translate_sources(
+            run, [lines[i] for i in todo], batch_size=args.batch_size, what="translate", log=log
+        )
         translated = dict(zip(todo, found))
     try:
-        sys.stdout.write(formatted(lines, translated, options.nbest))
+        sys.stdout.write(formatted(lines, translated, run.decode.nbest))
         sys.stdout.flush()
     except BrokenPipeError:  # `translate | head -1`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

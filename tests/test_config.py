@@ -291,3 +291,16 @@ def test_configs_written_by_older_code_pass_the_checks(name, tmp_path):
         config.load_workdir_config(workdir).to_dict()
         == config.upgrade(ml_collections.ConfigDict(fixture(name))).to_dict()
     )
+
+
+def test_every_config_resolves_to_the_values_it_had_before_the_schema_moved_into_the_library():
+    """tests/fixtures/configs-resolved.json: every config (default, base, big, multi30k, each Table 3
+    row in each profile) as it resolved while the defaults lived in configs/base.py (issue 35)."""
+    before = json.loads((Path(__file__).parent / "fixtures" / "configs-resolved.json").read_text())
+    from configs import table3
+
+    specs = ["configs/default.py", "configs/base.py", "configs/big.py", "configs/multi30k.py"]
+    specs += [f"configs/table3.py:{row},{profile}" for profile in table3.PROFILES for row in table3.ROWS]
+    assert sorted(specs) == sorted(before)
+    for spec in specs:
+        assert json.loads(configfile.resolve(spec).to_json()) == before[spec], spec

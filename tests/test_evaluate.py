@@ -35,7 +35,8 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     _, _, abstract_state = trainstate.build(config, vocab, mesh)
     with checkpoint.open_manager(workdir / "checkpoints", asynchronous=False) as manager:
         assert list(manager.all_steps()) == [10, 20]
-        ten, twenty = (jax.device_get(checkpoint.restore(manager, s, abstract_state).params) for s in (10, 20))
+        restored = (checkpoint.restore_training_state(manager, s, abstract_state) for s in (10, 20))
+        ten, twenty = (jax.device_get(state.params) for state in restored)
     with checkpoint.open_manager(
         workdir / "checkpoints", asynchronous=False
     ) as manager:  # parameters alone: another manager

@@ -50,3 +50,17 @@ def test_importing_every_module_changes_no_global_state():
     # and the commands' set-up does change each of them (the probe can see a change)
     for key in ("sys.excepthook", "sys.unraisablehook", "warnings.filters", "asyncio logger filters"):
         assert key in lines[2], lines
+
+
+def test_the_library_imports_nothing_from_configs_or_experiments():
+    """Arrows point down only: configs/ and experiments/ import fxformer, never the reverse."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "fxformer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward = [n for n in names if n.split(".")[0] in ("configs", "experiments")]
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in upward]
+    assert offenders == []

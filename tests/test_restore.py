@@ -45,10 +45,10 @@ def test_the_parameters_are_read_alone_from_a_training_checkpoint(tmp_path):
         checkpoint.save(manager, 5, state)
     before = bytes_read()
     with checkpoint.open_manager(tmp_path, asynchronous=False) as manager:
-        params = checkpoint.restore_state_params(manager, 5, trainstate.abstract_params(model, mesh))
+        params = checkpoint.training_params(manager, 5, trainstate.abstract_params(model, mesh))
     partial = bytes_read() - before
     with checkpoint.open_manager(tmp_path, asynchronous=False) as manager:
-        full = checkpoint.restore(manager, 5, abstract_state)
+        full = checkpoint.restore_training_state(manager, 5, abstract_state)
     whole = bytes_read() - before - partial
     assert jax.tree.structure(params) == jax.tree.structure(state.params)
     for got, want in zip(leaves(params), leaves(state.params), strict=True):
@@ -84,7 +84,8 @@ def test_restore_holds_the_parameters_of_the_full_state_and_nothing_else(eight_d
     with checkpoint.open_manager(
         workdir / "checkpoints", asynchronous=False
     ) as manager:  # the whole state, as train reads it
-        full = {step: leaves(checkpoint.restore(manager, step, abstract_state).params) for step in (10, 20)}
+        restored = {step: checkpoint.restore_training_state(manager, step, abstract_state) for step in (10, 20)}
+        full = {step: leaves(state.params) for step, state in restored.items()}
     (best_step,) = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
     mean = [np.mean(np.stack([a, b]), axis=0) for a, b in zip(full[10], full[20])]
     quiet = lambda *a, **k: None  # noqa: E731

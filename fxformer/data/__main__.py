@@ -32,6 +32,23 @@ def histogram(lengths: np.ndarray) -> list[str]:
     return lines
 
 
+def packing_report(ids, data, count: int) -> str:
+    """How full `count` training batches are: real tokens over slots, per side."""
+    rows = pipeline.rows_per_step(data, 1)
+    ds, _ = pipeline.train_dataset(ids, data, rows, seed=0)
+    real = {"inputs": 0, "targets": 0}
+    batches = iter(ds)
+    for _ in range(count):
+        batch = next(batches)
+        for key in real:
+            real[key] += int((batch[f"{key}_segment_ids"] > 0).sum())
+    slots = count * rows * data.max_length
+    return (
+        f"packing ({count} batches of {rows} rows x {data.max_length}): "
+        f"source {100 * real['inputs'] / slots:.1f}%, target {100 * real['targets'] / slots:.1f}% real tokens / slots"
+    )
+
+
 def main() -> None:
     p = cli.parser(__doc__, "fxformer.data")
     p.add_argument("--workdir", help="also copy the tokenizer into this run directory")
@@ -70,19 +87,7 @@ def main() -> None:
     verb = "removes" if data.overlong == "drop" else "truncates"
     print(f"length filter: max_length {data.max_length} {verb} {train_longer:,} of {len(train_lengths):,} pairs")
 
-    rows = pipeline.rows_per_step(data, 1)
-    ds, _ = pipeline.train_dataset(ids, data, rows, seed=0)
-    real = {"inputs": 0, "targets": 0}
-    batches = iter(ds)
-    for _ in range(args.packing_batches):
-        batch = next(batches)
-        for key in real:
-            real[key] += int((batch[f"{key}_segment_ids"] > 0).sum())
-    slots = args.packing_batches * rows * data.max_length
-    print(
-        f"packing ({args.packing_batches} batches of {rows} rows x {data.max_length}): "
-        f"source {100 * real['inputs'] / slots:.1f}%, target {100 * real['targets'] / slots:.1f}% real tokens / slots"
-    )
+    print(packing_report(ids, data, args.packing_batches))
 
     print(f"({time.time() - start:.0f}s)")
     if data.dataset not in corpora.EMBEDDED:  # IBM Model 1's dense table does not fit a real vocabulary
