@@ -3,12 +3,15 @@
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
+# A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 # One compilation cache for the whole session, shared by every command the tests start: the
 # same tiny model is compiled by dozens of processes (identical programs, identical results).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fxformer-test-jax-cache-"))
@@ -142,6 +145,23 @@ def train_command(workdir, data_dir, **overrides):
 
 def env_with_devices(n):
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+
+
+def ended(process: subprocess.Popen, timeout_s: float = 120) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of a started command, its pipes read while it ends: reading
+    only after `wait` blocks a command whose pipe is full. Past `timeout_s` the test fails with
+    the command's stacks (SIGABRT: faulthandler is on in the commands the tests start)."""
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            out, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        pytest.fail(f"{' '.join(map(str, process.args[:3]))} did not end in {timeout_s:.0f} s; its stacks:\n{err}")
+    return process.returncode, out, err
 
 
 def run_train(workdir, data_dir, devices=1, **overrides):

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import left_as_is
+from conftest import ended, left_as_is
 from scipy import stats as scipy_stats
 from test_launch import check_golden, head_commit
 from test_sweep import LONGER, experiments, losses, started_until_checkpoint, sweep_command
@@ -418,8 +418,8 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
     checkpoints = root / "B1.s1" / "checkpoints"
     launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, stdout=subprocess.DEVNULL)
     launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=120) == exitcodes.STOPPED
-    launcher.stderr.close()
+    status, _, err = ended(launcher)
+    assert status == exitcodes.STOPPED, err[-3000:]
     stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
     result = experiments("run", "table3", f"--root={root}", "--only=B1")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cut_short, env_with_devices, left_as_is, logged, run_train, snapshot, train_command
+from conftest import cut_short, ended, env_with_devices, left_as_is, logged, run_train, snapshot, train_command
 
 from fxformer import cli, configfile, exitcodes, train
 from fxformer.config import with_overrides
@@ -657,8 +657,7 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.1)
     shutil.rmtree(workdir, ignore_errors=True)  # the run goes on writing: some files may stay
-    status, err = process.wait(timeout=120), process.stderr.read()
-    process.stderr.close()
+    status, _, err = ended(process)
     assert status == exitcodes.USER_ERROR and len(err.strip().splitlines()) == 1, err[:3000]
     assert f"The workdir {workdir} was removed while training" in err
 
@@ -731,8 +730,7 @@ def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, c
     shutil.rmtree(workdir)
     process.send_signal(signal.SIGTERM)
     process.send_signal(signal.SIGCONT)
-    status, err = process.wait(timeout=120), process.stderr.read()
-    process.stderr.close()
+    status, _, err = ended(process)
     assert status == exitcodes.STOPPED and len(err.strip().splitlines()) == 1, err[:3000]
     assert f"The workdir {workdir} was removed while training" in err
     assert not workdir.exists(), sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))[:20]

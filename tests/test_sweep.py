@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import left_as_is
+from conftest import ended, left_as_is
 from test_launch import check_golden, head_commit
 
 from experiments import __main__ as experiments_main
@@ -318,7 +318,8 @@ def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_pat
     trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
     if sig == signal.SIGTERM:
         launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop
-        assert launcher.wait(timeout=120) == exitcodes.STOPPED
+        status, _, err = ended(launcher)
+        assert status == exitcodes.STOPPED, err[-3000:]
     else:  # a crash: the launcher and the training process die at once
         os.kill(launcher.pid, signal.SIGKILL)
         os.kill(trainer, signal.SIGKILL)
