@@ -10,12 +10,14 @@ with status 75 (`fxformer.exitcodes.STOPPED`); a run that reached its last step 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import signal
 import time
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -137,7 +139,6 @@ class StopRequest:
 
     def __init__(self):
         self.signal: int | None = None
-        self.early = ""  # why training stopped early by itself (early stopping): then the run is done
         self.before_training = True
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
@@ -185,10 +186,11 @@ class WorkdirRemoved(UserError):
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: paths.PathLike, log=print, stop: StopRequest | None = None
-) -> TrainState:
+) -> Trained:
     """Train `config` in `workdir` until `num_train_steps`, resuming from its latest checkpoint.
 
-    Returns the last state; its step is below `num_train_steps` if a signal stopped the run.
+    Returns the last state, and whether the run is finished (else a signal or the time budget
+    stopped it, to be resumed).
     """
     own_stop = stop is None
     stop = stop or StopRequest()
@@ -199,7 +201,7 @@ def train_and_evaluate(
             stop.uninstall()
 
 
-def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
+def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> Trained:
     """Everything up to the first step is checked before the run is recorded: a refused command
     leaves a workdir it found as it was, and one it would have created absent."""
     validate(config, jax.default_backend(), jax.process_count())
@@ -215,110 +217,204 @@ def _check_then_train(config: ml_collections.ConfigDict, workdir: paths.Workdir,
         raise
 
 
-def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> TrainState:
-    """The run itself, once its config is accepted: data, model, restore or start, then the loop
-    (step, log, evaluate, save, stop); a refusal up to the first step still leaves nothing."""
-    mesh = parallel.data_mesh()
-    builder, tokenizer, ids = prepare_data(config, workdir, log)
-    train_pairs = len(tokenized.load(ids, config.data.train_split))
-    pipeline.check_lengths(tokenized.load(ids, config.data.train_split), config.data, log)
-    model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
-    jit_train_step = compile_train_step(config, model, tx, mesh)
-    jit_loss_step = inference.loss_step(model, config.label_smoothing, mesh)
+class Trained(NamedTuple):
+    """How a run ended: its last state, and whether it is finished (its last step, or early
+    stopping: nothing to resume) or stopped to be resumed (a signal, the time budget)."""
 
-    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
-    train_ds, lengths = pipeline.train_dataset(
-        ids, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
-    )
-    data_iterator = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch)
-    dev_source = corpora.data_source(builder, config.data.eval_split)
-    dev_examples = tokenized.load(ids, config.data.eval_split).examples(
-        config.eval_batches * config.data.eval_batch_size
-    )
-    measures_bleu = config.dev_bleu_every_steps > 0
-    dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log) if measures_bleu else None
+    state: TrainState
+    finished: bool
 
-    manager, state, start_step = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
-    stop.training()
-    recorded = start_step == 0  # a new run is recorded now; a resume's changes once it has saved a step
-    if recorded and jax.process_index() == 0:
-        write_workdir_config(config, workdir, start_step)
-    describe(config, workdir, state, model, tokenizer, rows, start_step, log)
-    writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
-    best = checkpoint.Best(workdir.best, config.best_metric, start_step)
-    watch = DivergenceWatch(config.divergence_factor, tokenizer.vocab_size)
-    progress = Progress(writer.last(), 60 * config.train_minutes)
-    total = config.num_train_steps
-    pending: list[dict] = []  # device metrics of the steps not yet logged
-    step, last_save = start_step, time.time()
-    if step < total and agree(config, step, stop, progress, time_due=False, now=True).stop:  # preparing, compiling
-        log(f"{stop.name} before the first step: nothing new to save; exiting")
-        step = total  # skip the loop; the returned state is the checkpoint's
+
+def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: StopRequest) -> Trained:
+    """The run itself, once its config is accepted: data, model, restore or start (`Loop.start`),
+    then the loop; a refusal up to the first step still leaves nothing."""
+    loop = Loop.start(config, workdir, log, stop)
     try:
-        while step < total:
-            local, batch = next(data_iterator)
-            progress.pairs += pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
-            state, metrics = jit_train_step(state, batch)
-            step += 1
-            pending.append(metrics)
-            if progress.window is None:  # the first step compiles; measure speed from the second on
-                jax.block_until_ready(metrics)
-                progress.first_step(step)
-
-            minutes = config.checkpoint_every_minutes
-            now = agree(config, step, stop, progress, time_due=0 < minutes <= (time.time() - last_save) / 60)
-            due = what_is_due(config, step, now, dev_bleu is not None)
-            if due.log and not workdir.tokenizer.exists():  # the workdir was removed under the run
-                raise FileNotFoundError(workdir.tokenizer)
-            logged, steps = fetch(pending, watch, step, manager) if due.log else ({}, 0)  # no save of unchecked losses
-            if due.dev_loss:
-                max_len = model.config.max_len
-                logged.update(
-                    inference.dev_loss(jit_loss_step, state.params, dev_examples, config, mesh, max_len, "dev_")
-                )
-            if due.dev_bleu:
-                logged["dev_bleu"] = dev_bleu(state.params)
-            if (due.dev_loss or due.dev_bleu) and early_stop(config, best, step, logged, state.params, stop, log):
-                due = due._replace(save=True, stop=True)
-            if logged:
-                epoch = pipeline.epoch_size(train_pairs, lengths)
-                writer.write(step, progress.record(logged, steps, epoch))
-            if progress.console_due(bool(logged)):
-                shown = logged or per_token_step(pending[-1])  # waits for the step: the speed is real
-                log(progress.line(step, total, shown))
-            if due.save:
-                checkpoint.save(manager, step, state, data_iterator)
-                last_save = time.time()
-                if not recorded and jax.process_index() == 0:
-                    write_workdir_config(config, workdir, start_step)
-                    recorded = True
-            elif logged:
-                checkpoint.check(manager)  # a failed background save stops the run now, not at the next save
-            if due.stop:
-                checkpoint.wait(manager)
-                log(f"{stop_reason(stop, progress)}: saved step {step} to {workdir.checkpoints}; exiting")
-                break
+        loop.run()
     except BaseException as e:
-        checkpoint.close(manager, failing=True)
-        if isinstance(e, (FileNotFoundError, UserError)) and not workdir.tokenizer.exists():  # removed under us
-            raise WorkdirRemoved(workdir, step, stop) from None
-        if paths.unwritable(e):  # the disk filled under the loop's own writes (metrics) while a save was in flight
-            raise checkpoint.save_failed(workdir.checkpoints, None, e) from None
-        raise
+        translated = loop.failed(e)
+        if translated is e:
+            raise
+        raise translated from None
     else:
-        checkpoint.close(manager)
-        if workdir.removed():  # while the last save ran: it was written into a recreated directory
-            raise WorkdirRemoved(workdir, step, stop)
+        loop.close()
     finally:
-        best.close()
-        if workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
-            writer.close()
-        elif workdir.removed():  # saves in flight, the last metrics: written after the removal, not kept
-            checkpoint.settle(manager)
-            workdir.forget_training()
-    if lengths.overlong_pairs:
-        log(f"length filter: {lengths.report()}")
-    return state
+        loop.release()
+    if loop.lengths.overlong_pairs:
+        log(f"length filter: {loop.lengths.report()}")
+    finished = int(loop.state.step) >= config.num_train_steps or bool(loop.early)
+    return Trained(loop.state, finished)
+
+
+@dataclasses.dataclass
+class Loop:
+    """The training loop: what it was built with, and its bookkeeping from step to step."""
+
+    config: ml_collections.ConfigDict
+    workdir: paths.Workdir
+    log: Callable
+    stop: StopRequest
+    mesh: jax.sharding.Mesh
+    model: Any
+    jit_train_step: Callable
+    jit_loss_step: Callable
+    data_iterator: parallel.GlobalBatches
+    lengths: pipeline.LengthReport
+    train_pairs: int
+    dev_examples: Any
+    dev_bleu: inference.DevBleu | None
+    manager: Any
+    state: TrainState
+    start_step: int
+    writer: MetricWriter
+    best: checkpoint.Best
+    watch: DivergenceWatch
+    progress: Progress
+    step: int = 0
+    recorded: bool = False  # config.json says this run's config (a new run at once, a resume once it saved)
+    last_save: float = dataclasses.field(default_factory=time.time)
+    pending: list = dataclasses.field(default_factory=list)  # device metrics of the steps not yet logged
+    early: str = ""  # why early stopping ended the run
+
+    @classmethod
+    def start(cls, config, workdir: paths.Workdir, log, stop: StopRequest) -> Loop:
+        """Data, model and compiled steps; the state restored from the last checkpoint or new."""
+        mesh = parallel.data_mesh()
+        builder, tokenizer, ids = prepare_data(config, workdir, log)
+        train_split = tokenized.load(ids, config.data.train_split)
+        pipeline.check_lengths(train_split, config.data, log)
+        model, tx, abstract_state = trainstate.build(config, tokenizer.vocab_size, mesh)
+        rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
+        train_ds, lengths = pipeline.train_dataset(
+            ids, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
+        )
+        data_iterator = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch)
+        dev_bleu = None
+        if config.dev_bleu_every_steps > 0:
+            dev_source = corpora.data_source(builder, config.data.eval_split)
+            dev_bleu = inference.DevBleu(model, mesh, config, dev_source, tokenizer, log)
+        dev_examples = tokenized.load(ids, config.data.eval_split).examples(
+            config.eval_batches * config.data.eval_batch_size
+        )
+        restored = restore_or_start(config, workdir, model, tx, abstract_state, data_iterator, mesh, log)
+        manager, state, start_step = restored
+        stop.training()
+        if start_step == 0 and jax.process_index() == 0:  # a new run is recorded now
+            write_workdir_config(config, workdir, start_step)
+        describe(config, workdir, state, model, tokenizer, rows, start_step, log)
+        writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+        return cls(
+            config, workdir, log, stop, mesh, model, compile_train_step(config, model, tx, mesh),
+            inference.loss_step(model, config.label_smoothing, mesh), data_iterator, lengths, len(train_split),
+            dev_examples, dev_bleu, manager, state, start_step, writer,
+            best=checkpoint.Best(workdir.best, config.best_metric, start_step),
+            watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size),
+            progress=Progress(writer.last(), 60 * config.train_minutes), step=start_step, recorded=start_step == 0,
+        )  # fmt: skip
+
+    def run(self) -> None:
+        """Train until the last step, a stop, or an error."""
+        total = self.config.num_train_steps
+        if self.step < total and agree(self.config, self.step, self.stop, self.progress, time_due=False, now=True).stop:
+            self.log(f"{self.stop.name} before the first step: nothing new to save; exiting")  # preparing, compiling
+            return
+        while self.step < total:
+            self.train_one_step()
+            due = self.due()
+            logged, steps = self.evaluate(due)
+            if self.early:
+                due = due._replace(save=True, stop=True)
+            self.report(logged, steps)
+            self.save(due, logged)
+            if due.stop:
+                checkpoint.wait(self.manager)
+                self.log(f"{self.stopped_by()}: saved step {self.step} to {self.workdir.checkpoints}; exiting")
+                return
+
+    def train_one_step(self) -> None:
+        local, batch = next(self.data_iterator)
+        self.progress.pairs += pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
+        self.state, metrics = self.jit_train_step(self.state, batch)
+        self.step += 1
+        self.pending.append(metrics)
+        if self.progress.window is None:  # the first step compiles; measure speed from the second on
+            jax.block_until_ready(metrics)
+            self.progress.first_step(self.step)
+
+    def due(self) -> Due:
+        """What this step does besides training, agreed by every process."""
+        minutes = self.config.checkpoint_every_minutes
+        time_due = 0 < minutes <= (time.time() - self.last_save) / 60
+        due = what_is_due(self.config, self.step, agree(self.config, self.step, self.stop, self.progress,
+                                                        time_due=time_due), self.dev_bleu is not None)  # fmt: skip
+        if due.log and not self.workdir.tokenizer.exists():  # the workdir was removed under the run
+            raise FileNotFoundError(self.workdir.tokenizer)
+        return due
+
+    def evaluate(self, due: Due) -> tuple[dict[str, float], int]:
+        """(what this step logs, how many steps its training metrics cover): the pending steps'
+        metrics (a diverged loss stops the run here, before a save), then the dev evaluations;
+        these offer the parameters as the best, and decide early stopping."""
+        logged, steps = fetch(self.pending, self.watch, self.step, self.manager) if due.log else ({}, 0)
+        if due.dev_loss:
+            logged.update(inference.dev_loss(self.jit_loss_step, self.state.params, self.dev_examples, self.config,
+                                             self.mesh, self.model.config.max_len, "dev_"))  # fmt: skip
+        if due.dev_bleu:
+            logged["dev_bleu"] = self.dev_bleu(self.state.params)
+        if due.dev_loss or due.dev_bleu:
+            self.early = early_stop(self.config, self.best, self.step, logged, self.state.params, self.log)
+        return logged, steps
+
+    def report(self, logged: dict[str, float], steps: int) -> None:
+        """The metrics file, and the console line when due."""
+        if logged:
+            epoch = pipeline.epoch_size(self.train_pairs, self.lengths)
+            self.writer.write(self.step, self.progress.record(logged, steps, epoch))
+        if self.progress.console_due(bool(logged)):
+            shown = logged or per_token_step(self.pending[-1])  # waits for the step: the speed is real
+            self.log(self.progress.line(self.step, self.config.num_train_steps, shown))
+
+    def save(self, due: Due, logged: dict[str, float]) -> None:
+        if due.save:
+            checkpoint.save(self.manager, self.step, self.state, self.data_iterator)
+            self.last_save = time.time()
+            if not self.recorded and jax.process_index() == 0:
+                write_workdir_config(self.config, self.workdir, self.start_step)
+                self.recorded = True
+        elif logged:
+            checkpoint.check(self.manager)  # a failed background save stops the run now, not at the next save
+
+    def stopped_by(self) -> str:
+        if self.early or self.stop.name:
+            return self.early or self.stop.name
+        if self.progress.out_of_time():
+            return f"time budget of {self.progress.budget_s / 60:g} minutes"
+        return "a signal to another process"
+
+    def failed(self, e: BaseException) -> BaseException:
+        """What the run raises for `e`, which stopped the loop (the last save finished or failed)."""
+        checkpoint.close(self.manager, failing=True)
+        if isinstance(e, (FileNotFoundError, UserError)) and not self.workdir.tokenizer.exists():  # removed under us
+            return WorkdirRemoved(self.workdir, self.step, self.stop)
+        if paths.unwritable(e):  # the disk filled under the loop's own writes (metrics) while a save was in flight
+            return checkpoint.save_failed(self.workdir.checkpoints, None, e)
+        return e
+
+    def close(self) -> None:
+        """After the loop: the last save finished."""
+        checkpoint.close(self.manager)
+        if self.workdir.removed():  # while the last save ran: it was written into a recreated directory
+            raise WorkdirRemoved(self.workdir, self.step, self.stop)
+
+    def release(self) -> None:
+        """Whatever happened: the best parameters' writer and the metrics closed; what a removed
+        workdir's last writes recreated, removed again."""
+        self.best.close()
+        if self.workdir.tokenizer.exists():  # else the workdir was removed: nothing to flush there
+            self.writer.close()
+        elif self.workdir.removed():  # saves in flight, the last metrics: written after the removal, not kept
+            checkpoint.settle(self.manager)
+            self.workdir.forget_training()
 
 
 def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
@@ -433,23 +529,14 @@ def fetch(pending: list[dict], watch: DivergenceWatch, step: int, manager) -> tu
     return logged, len(fetched)
 
 
-def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, stop: StopRequest, log) -> bool:
-    """Offer the parameters as the best by dev metric; True (and `stop.early` says why) once
-    `early_stopping_patience` dev evaluations have passed without a better one."""
+def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, log) -> str:
+    """Offer the parameters as the best by dev metric; why the run stops early ("" if it goes
+    on): `early_stopping_patience` dev evaluations have passed without a better one."""
     best.offer(step, logged, params, log)
     patience = config.early_stopping_patience
     if patience and best.stale >= patience and step != config.num_train_steps:
-        stop.early = f"no better {best.metric} in {patience} dev evaluations (early stopping)"
-        return True
-    return False
-
-
-def stop_reason(stop: StopRequest, progress: Progress) -> str:
-    if stop.early or stop.name:
-        return stop.early or stop.name
-    if progress.out_of_time():
-        return f"time budget of {progress.budget_s / 60:g} minutes"
-    return "a signal to another process"
+        return f"no better {best.metric} in {patience} dev evaluations (early stopping)"
+    return ""
 
 
 def per_token_step(metrics: dict) -> dict[str, float]:
@@ -474,13 +561,13 @@ def main() -> int:
     parallel.join_cluster(args)
     log = print if jax.process_index() == 0 else (lambda *a, **k: None)
     try:
-        state = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
+        trained = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
     except StoppedBeforeTraining as e:
         if workdir.checkpoint_steps():
             log(f"{e}: nothing new to save; run the same command to resume", flush=True)
             return exitcodes.STOPPED
         raise UserError(f"{e}: nothing was kept; run the same command again to train.") from None
-    if int(state.step) < config.num_train_steps and not stop.early:
+    if not trained.finished:
         return exitcodes.STOPPED  # a scheduler or a sweep can tell "run it again" from "done"
     return exitcodes.OK
 
