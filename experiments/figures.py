@@ -16,7 +16,7 @@ import re
 
 from experiments import report
 from experiments.context import Context
-from fxformer import exitcodes
+from fxformer import exitcodes, png
 
 
 def group_of(name: str) -> str:
@@ -25,9 +25,6 @@ def group_of(name: str) -> str:
 
 
 def plot(ctx: Context, runs, doc: dict, directory) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
     recs = report.gather(ctx, runs, doc)
     directory.mkdir(parents=True, exist_ok=True)
     written = [delta_figure(ctx, recs, directory / "delta.png"), params_figure(ctx, recs, directory / "params.png")]
@@ -78,7 +75,7 @@ def positions(recs: list[dict]) -> tuple[list[float], list[tuple[str, float, flo
 
 
 def delta_figure(ctx: Context, recs: list[dict], path):
-    import matplotlib.pyplot as plt
+    plt = png.pyplot()
     from matplotlib.transforms import blended_transform_factory
 
     sweep = ctx.sweep
@@ -109,7 +106,7 @@ def delta_figure(ctx: Context, recs: list[dict], path):
         last.text(1.02, (top + bottom) / 2, name, transform=to_side, fontweight="bold", va="center")
     fig.suptitle(f"{sweep.name} ({ctx.profile}): change versus {sweep.baseline}, ours (95% CI) beside the paper")
     fig.tight_layout(rect=(0, 0.45 / height, 1, 1))  # the legend below
-    return save(fig, path)
+    return png.save(fig, path)
 
 
 def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], profile: str) -> None:
@@ -140,7 +137,7 @@ def bar_label(ax, y: float, value: float | None, end: float | None) -> None:
 
 
 def params_figure(ctx: Context, recs: list[dict], path):
-    import matplotlib.pyplot as plt
+    plt = png.pyplot()
 
     sweep = ctx.sweep
     metric = next(iter(sweep.metrics))
@@ -162,7 +159,7 @@ def params_figure(ctx: Context, recs: list[dict], path):
     fig.tight_layout()
     for ax, points in panels:
         place_labels(ax, points)
-    return save(fig, path)
+    return png.save(fig, path)
 
 
 def log_axis(axis) -> None:
@@ -253,7 +250,7 @@ def band(reps: list[dict], key: str = "dev_ppl") -> tuple[list[int], list[float]
 
 
 def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
-    import matplotlib.pyplot as plt
+    plt = png.pyplot()
 
     sweep = ctx.sweep
     groups = []
@@ -279,13 +276,4 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
         ax.axis("off")
     fig.suptitle(f"{sweep.name} ({ctx.profile}): dev perplexity during training (mean over seeds, band: min-max)")
     fig.tight_layout()
-    return save(fig, path)
-
-
-def save(fig, path):
-    import matplotlib.pyplot as plt
-
-    with path.open("wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return png.save(fig, path)

@@ -32,6 +32,7 @@ from experiments.cli import commit_label, duration, say, split_at_dashes
 from experiments.context import Context, Replicate
 from experiments.rowstate import RowStatus
 from fxformer import exitcodes, paths
+from fxformer.config import config_changes
 from fxformer.errors import UserError
 
 VERBS = {
@@ -74,19 +75,11 @@ def parser(verb: str) -> argparse.ArgumentParser:
     return p
 
 
-def first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, object, object] | None:
-    """The first config field set in both whose value differs (fields only one side has are code
-    changes, not config changes, and are ignored)."""
-    for key in old:
-        if key not in new:
-            continue
-        if isinstance(old[key], dict) and isinstance(new[key], dict):
-            found = first_difference(old[key], new[key], f"{prefix}{key}.")
-            if found:
-                return found
-        elif old[key] != new[key]:
-            return f"{prefix}{key}", old[key], new[key]
-    return None
+def first_difference(old: dict, new: dict) -> tuple[str, object, object] | None:
+    """The first config field (in key order) set in both whose value differs: fields only one
+    side has are code changes, not config changes, and are ignored."""
+    changed = config_changes(old, new, shared_only=True)
+    return next(((key, *values) for key, values in changed.items()), None)
 
 
 # ---------------------------------------------------------------------------------------------

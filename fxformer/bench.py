@@ -30,14 +30,13 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
 from fxformer.config import DecodeOptions, validate
 from fxformer.data import corpora, pipeline, token_ids, tokenizer_for
 from fxformer.errors import UserError
-from fxformer.model import TransformerConfig
+from fxformer.model import TransformerConfig, init_params
 from fxformer.tokens import EOS_ID
 
 # Dense peak TFLOP/s per chip by device kind (the start of jax.Device.device_kind) and dtype:
@@ -208,8 +207,7 @@ def bench_real_train(config, ids, compiled, state, synthetic, steps: int, rounds
 def bench_decode(config, model_config: TransformerConfig, batch_size: int, source_len: int, repeats: int) -> dict:
     mesh = parallel.data_mesh()
     model, _, _ = trainstate.build(config, model_config.vocab_size, mesh)
-    params = jax.jit(lambda: model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)))()
-    params = params["params"]
+    params = jax.jit(lambda: init_params(model, jax.random.key(0)))()
     options = dataclasses.replace(DecodeOptions.of(config.decode), nbest=1)
     translate = inference.translator(model, mesh, options)
     rng = np.random.default_rng(1)

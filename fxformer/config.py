@@ -416,13 +416,16 @@ def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathL
         )
 
 
-def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, list]:
-    """{dotted key: [old, new]} for every field whose value differs between two configs."""
+def config_changes(old: dict, new: dict, shared_only: bool = False, prefix: str = "") -> dict[str, list]:
+    """{dotted key: [old, new]} for every field whose value differs between two configs, in key
+    order; a field only one side has counts as None on the other, or with `shared_only` is
+    skipped (a field the code added or removed, not a change of the config)."""
     out = {}
-    for key in sorted(set(old) | set(new)):
+    keys = set(old) & set(new) if shared_only else set(old) | set(new)
+    for key in sorted(keys):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out.update(config_changes(a, b, f"{prefix}{key}."))
+            out.update(config_changes(a, b, shared_only, f"{prefix}{key}."))
         elif a != b:
             out[f"{prefix}{key}"] = [a, b]
     return out

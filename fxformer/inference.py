@@ -26,7 +26,7 @@ from fxformer.data import pipeline
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import per_token
-from fxformer.model import Transformer, TransformerConfig, grow_cache
+from fxformer.model import Transformer, TransformerConfig, default_segmentation, grow_cache
 from fxformer.timefmt import duration
 from fxformer.tokens import BOS_ID, PAD_ID
 
@@ -232,7 +232,7 @@ def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int
     starts with room for the first of `decode.cache_lengths(max_len)` positions and is grown
     as the search goes."""
     model = decoding_model(config)
-    segmentation = (inputs != PAD_ID).astype(jnp.int32)
+    segmentation = default_segmentation(inputs)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
     max_len = inputs.shape[1] + max_extra
     sizing = jnp.full((inputs.shape[0], decode.cache_lengths(max_len)[0]), BOS_ID, jnp.int32)  # and projects the memory
@@ -340,7 +340,7 @@ def translate_sources(
 ) -> list[list[tuple[str, float]]]:
     """Sentences of text -> their translations with scores, best first (tokenize, then
     `translate_examples`), searched as the run's decode section says; `batch_size` 0: the
-    config's eval batch size. `fxformer.translate` and `fxformer.attention` translate with it."""
+    config's eval batch size. `fxformer.translate` and `fxformer.attention_maps` translate with it."""
     examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
     return translate_examples(
         translator(run.model, run.mesh, run.decode), run.params, examples, tokenizer=run.tokenizer,

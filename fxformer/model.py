@@ -344,7 +344,7 @@ class MultiHeadAttention(nn.Module):
 
     def _attention_dropout(self, deterministic: bool) -> Callable[[Array], Array]:
         """Dropout on the weights [b, h, q, k] after the softmax, which it first sows for
-        fxformer.attention when asked (apply(..., mutable=["intermediates"])); otherwise sow does
+        fxformer.attention_maps when asked (apply(..., mutable=["intermediates"])); otherwise sow does
         nothing, so training and decoding are unchanged."""
         dropout = nn.Dropout(self.config.attention_dropout_rate)
 
@@ -587,3 +587,9 @@ class Transformer(nn.Module):
         return self.decode(
             encoded, inputs_segmentation, targets, targets_segmentation, targets_positions, deterministic, inputs_packed
         )
+
+
+def init_params(model: Transformer, key: Array):
+    """Xavier-initialised parameters of `model` (their shapes do not depend on the dummy batch)."""
+    tokens = jnp.ones((1, 8), jnp.int32)
+    return model.init(key, tokens, tokens)["params"]

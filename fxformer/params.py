@@ -13,14 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from fxformer import cli, configfile
 from fxformer.config import validate
 from fxformer.errors import UserError
-from fxformer.model import Transformer, TransformerConfig
+from fxformer.model import Transformer, TransformerConfig, init_params
 
 PAPER_VOCAB_SIZE = 37_000
 
@@ -28,9 +27,8 @@ PAPER_VOCAB_SIZE = 37_000
 def count_parameters(model_config: ml_collections.ConfigDict, vocab_size: int) -> int:
     """Number of trainable parameters of the model a config describes."""
     config = TransformerConfig.from_config(model_config, vocab_size)
-    tokens = jnp.ones((1, 8), jnp.int32)
-    shapes = jax.eval_shape(lambda: Transformer(config).init(jax.random.key(0), tokens, tokens))
-    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes["params"]))
+    shapes = jax.eval_shape(lambda: init_params(Transformer(config), jax.random.key(0)))
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
 
 
 def millions(count: int) -> str:

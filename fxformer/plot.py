@@ -11,7 +11,7 @@ overlaid, labelled by their names.
 
 from __future__ import annotations
 
-from fxformer import cli, paths
+from fxformer import cli, paths, png
 from fxformer.errors import UserError
 
 PANELS = (
@@ -31,11 +31,7 @@ def read_metrics(workdir: paths.PathLike) -> list[dict]:
 
 
 def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
+    plt = png.pyplot()
     runs = {str(w).rstrip("/").rsplit("/", 1)[-1] or str(w): read_metrics(w) for w in workdirs}
     panels = [p for p in PANELS if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
@@ -52,10 +48,7 @@ def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:
         if len(runs) > 1:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    out = paths.as_path(out)
-    with out.open("wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    png.save(fig, out)
 
 
 def main() -> None:

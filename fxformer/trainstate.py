@@ -14,7 +14,7 @@ import ml_collections
 import optax
 
 from fxformer import checkpoint, optim, parallel
-from fxformer.model import Transformer, TransformerConfig
+from fxformer.model import Transformer, TransformerConfig, init_params
 
 
 @flax.struct.dataclass
@@ -25,12 +25,6 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: jax.Array
-
-
-def init_params(model: Transformer, key: jax.Array):
-    """Xavier-initialised parameters."""
-    tokens = jnp.ones((1, 8), jnp.int32)
-    return model.init(key, tokens, tokens)["params"]
 
 
 def create_state(model: Transformer, tx: optax.GradientTransformation, seed: int) -> TrainState:

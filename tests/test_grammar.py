@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fxformer.data import grammar, grammar2
 from fxformer.data.baseline import baseline_bleu, learn_lexicon, translate_monotone
 from fxformer.data.grammar import (
     NP,
@@ -36,17 +37,19 @@ def test_same_seed_same_pairs_different_seed_different_pairs():
 
 
 @pytest.mark.slow
-def test_deterministic_across_processes_and_hash_seeds():
+def test_both_grammars_are_deterministic_across_processes_and_hash_seeds():
+    """The corpus of each grammar (v1 `embedded`, v2 `embedded2`) is the same in processes with
+    different string-hash seeds as in this one."""
     code = (
-        "import hashlib; from fxformer.data.grammar import generate_pairs; "
-        "print(hashlib.sha256(repr(generate_pairs(300, 11)).encode()).hexdigest())"
+        "import hashlib; from fxformer.data import grammar, grammar2; "
+        "print(*(hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() for g in (grammar, grammar2)))"
     )
     digests = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        digests.add(out.stdout.strip())
-    local = hashlib.sha256(repr(generate_pairs(300, 11)).encode()).hexdigest()
+        digests.add(tuple(out.stdout.split()))
+    local = tuple(hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() for g in (grammar, grammar2))
     assert digests == {local}
 
 

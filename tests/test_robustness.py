@@ -678,7 +678,7 @@ CONFIG_EDITS = {  # an edit of W/config.json by hand: (section or "", key, value
 COMMANDS = {  # what reads a workdir's config.json: (module and flags besides --workdir, stdin)
     "evaluate": (["fxformer.evaluate", "--limit=4"], None),
     "translate": (["fxformer.translate"], "The dog sees the man.\n"),
-    "attention": (["fxformer.attention", "--source=The dog sees the man."], None),
+    "attention": (["fxformer.attention_maps", "--source=The dog sees the man."], None),
     "train-resume": (["fxformer.train"], None),  # no --config: the workdir's own
 }
 

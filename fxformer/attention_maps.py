@@ -1,8 +1,8 @@
 """What the heads of a trained run attend to, as the paper's appendix shows it (Figures 3 to 5).
 
-    python -m fxformer.attention --workdir=runs/default --source="The woman has seen the man who loves the dog."
-    python -m fxformer.attention --workdir=runs/base --average_last=5 --source="..." --target="..." --json
-    python -m fxformer.attention --workdir=runs/default --source="..." --view=lines --layer=2 --head=all
+    python -m fxformer.attention_maps --workdir=runs/default --source="The woman has seen the man who loves the dog."
+    python -m fxformer.attention_maps --workdir=runs/base --average_last=5 --source="..." --target="..." --json
+    python -m fxformer.attention_maps --workdir=runs/default --source="..." --view=lines --layer=2 --head=all
 
 The weights are those of the teacher-forced pass on (source, target), dropout off, as in
 training: every layer and head of encoder self-attention, decoder self-attention and
@@ -20,7 +20,7 @@ Writes into W/attention/<name>/ only (--name, else the source's first words and 
   weights.json (with --json)          the weights themselves, per kind, layer and head, with the tokens
 Decoder positions are labelled by the token they read (`<s>` first) in decoder self-attention,
 and by the token they predict in encoder-decoder attention. In a notebook:
-`run = inference.restore("runs/default"); w = attention.weights(run, "The dog sleeps.")`.
+`run = inference.restore("runs/default"); w = attention_maps.pair_weights(run, "The dog sleeps.")`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer import cli, inference, inferflags, paths
+from fxformer import cli, inference, inferflags, paths, png
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
@@ -90,7 +90,7 @@ class Weights:
 # The weights
 
 
-def attention_weights(config: TransformerConfig, params, inputs, targets) -> dict[str, jax.Array]:
+def teacher_forced_weights(config: TransformerConfig, params, inputs, targets) -> dict[str, jax.Array]:
     """kind -> [batch, N, h, queries, keys]: the post-softmax weights of every layer and head in
     the teacher-forced pass of `inputs` [b, s] and `targets` [b, t] (PAD_ID-padded), dropout off.
     The model's attention sows them (`MultiHeadAttention`, collection `intermediates`)."""
@@ -110,7 +110,7 @@ def attention_weights(config: TransformerConfig, params, inputs, targets) -> dic
     }
 
 
-def translation(run: inference.Restored, source: str, log=print) -> str:
+def own_translation(run: inference.Restored, source: str, log=print) -> str:
     """The best translation of `source`, found as `fxformer.translate` finds it: the run's decode
     section, checkpoint(s), batch size and padded length."""
     return inference.translate_sources(run, [source], log=log)[0][0][0]
@@ -133,7 +133,7 @@ def check_length(what: str, n: int, limit: int, why: str) -> None:
         )
 
 
-def weights(run: inference.Restored, source: str, target: str | None = None, log=print) -> Weights:
+def pair_weights(run: inference.Restored, source: str, target: str | None = None, log=print) -> Weights:
     """Every attention weight of the restored `run` (`restore`) on `source` and `target`
     (None: the model's own translation), with the wordpieces that label them. Unknown
     characters become the tokenizer's <unk>, as in training."""
@@ -145,12 +145,12 @@ def weights(run: inference.Restored, source: str, target: str | None = None, log
         extra = run.decode.max_extra
         why = f"model.max_len {c.max_len} less decode.max_extra {extra} for its translation"
         check_length("source", len(source_ids), c.max_len - extra, why)
-        target = translation(run, source, log)
+        target = own_translation(run, source, log)
     else:
         check_length("source", len(source_ids), c.max_len, f"model.max_len {c.max_len}")
     target_ids = tokenizer.encode(target)
     check_length("target", len(target_ids), c.max_len, f"model.max_len {c.max_len}")
-    found = jax.device_get(attention_weights(c, run.params, source_ids[None], target_ids[None]))
+    found = jax.device_get(teacher_forced_weights(c, run.params, source_ids[None], target_ids[None]))
     pieces = [tokenizer.sp.id_to_piece(int(i)) for i in target_ids]
     return Weights(
         source=source, target=target, translated=translated,
@@ -164,7 +164,7 @@ def weights(run: inference.Restored, source: str, target: str | None = None, log
 # A summary of each head
 
 
-def place(kind: str, query: int, key: int, num_keys: int) -> str:
+def position_name(kind: str, query: int, key: int, num_keys: int) -> str:
     """Words for where a query's strongest key lies: the sentence's end or start, or an offset."""
     if kind != "decoder" and key == num_keys - 1:
         return "end of sentence"  # the source's </s>
@@ -175,7 +175,7 @@ def place(kind: str, query: int, key: int, num_keys: int) -> str:
     return names.get(offset, f"{-offset} back" if offset < 0 else f"{offset} ahead")
 
 
-def summary(w: Weights) -> list[dict]:
+def head_summary(w: Weights) -> list[dict]:
     """Per kind, layer and head (from 1): the mean entropy of its queries' attention in bits, and
     the place (`place`) most of its queries attend to most, with the share of queries that do."""
     rows = []
@@ -186,7 +186,9 @@ def summary(w: Weights) -> list[dict]:
         for layer in range(a.shape[0]):
             for head in range(a.shape[1]):
                 strongest = a[layer, head].argmax(-1)
-                places = collections.Counter(place(kind, i, int(j), a.shape[-1]) for i, j in enumerate(strongest))
+                places = collections.Counter(
+                    position_name(kind, i, int(j), a.shape[-1]) for i, j in enumerate(strongest)
+                )
                 most, count = places.most_common(1)[0]
                 rows.append({"kind": kind, "layer": layer + 1, "head": head + 1,
                              "entropy_bits": round(float(entropy[layer, head]), 4), "attends_most_to": most,
@@ -194,7 +196,7 @@ def summary(w: Weights) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def summary_table(rows: list[dict]) -> str:
     """The summary as aligned text, one head a line."""
     lines = [f"{'attention':<26} {'layer':>5} {'head':>4} {'entropy':>8}  attends most to (share of queries)"]
     for r in rows:
@@ -209,32 +211,15 @@ def table(rows: list[dict]) -> str:
 # Figures
 
 
-def pyplot():
-    """matplotlib.pyplot drawing into files (imported only when figures are made)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, path: paths.PathLike, dpi: float) -> None:
-    """The figure as a PNG at `path` (a local path or a URL)."""
-    with paths.as_path(path).open("wb") as f:
-        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
-    pyplot().close(fig)
-
-
 def fitting_dpi(fig, dpi: float, most: int = 16000) -> float:
     """`dpi`, lowered if the figure would be wider or taller than `most` pixels."""
     return min(dpi, most / max(fig.get_size_inches()))
 
 
-def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 100) -> None:
+def draw_grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 100) -> None:
     """One heatmap per layer (rows) and head (columns), wordpieces on the outer panels' axes,
     weights from 0 (white) to 1 (dark) on one scale for every panel."""
-    plt = pyplot()
+    plt = png.pyplot()
     a = w.of(kind)
     layers, heads, q, k = a.shape
     queries, keys = w.axes(kind)
@@ -268,13 +253,13 @@ def grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: float = 1
     fig.colorbar(image, cax=bar, label="attention weight")
     fig.suptitle(f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}", fontsize=10,
                  y=1 - 0.08 / height, va="top")  # fmt: skip
-    save(fig, path, fitting_dpi(fig, dpi))
+    png.save(fig, path, fitting_dpi(fig, dpi), tight=True)
 
 
-def lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.PathLike, title: str, dpi=100) -> None:
+def draw_lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.PathLike, title: str, dpi=100) -> None:
     """Figure 3's view of one layer (from 1): queries in the left column, keys in the right, a line
     from each query to each key whose opacity is the weight (from `MIN_LINE`), one colour a head."""
-    plt = pyplot()
+    plt = png.pyplot()
     from matplotlib.collections import LineCollection
     from matplotlib.patches import Patch
 
@@ -303,7 +288,7 @@ def lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.PathL
         handles = [Patch(color=palette(h - 1), label=f"head {h}") for h in heads]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(heads), 8),
                   fontsize=7, frameon=False)  # fmt: skip
-    save(fig, path, fitting_dpi(fig, dpi))
+    png.save(fig, path, fitting_dpi(fig, dpi), tight=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +312,7 @@ def heads_of(flag: str, num_heads: int) -> list[int]:
 
 
 def main() -> None:
-    p = inferflags.parser(__doc__, "fxformer.attention")
+    p = inferflags.parser(__doc__, "fxformer.attention_maps")
     p.add_argument("--source", required=True, help="the source sentence")
     p.add_argument("--target", default=None, help="its translation (default: the model's own, printed)")
     p.add_argument("--name", default="", help="the folder under W/attention/ (default: the source's first words)")
@@ -354,21 +339,21 @@ def main() -> None:
     paths.check_writable(parent, "the figures are written")
 
     run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
-    w = weights(run, args.source, args.target, log)
+    w = pair_weights(run, args.source, args.target, log)
     if w.translated:
         print(f"translation: {w.target}")
-    rows = summary(w)
+    rows = head_summary(w)
     if jax.process_index() == 0:
         out = parent / (args.name or default_name(args.source, run.steps, args.step))
         steps = run.steps
         title = f"{'best ' if args.step == 'best' else ''}checkpoint step {steps[-1]}"
         title += f", average of {len(steps)}" if len(steps) > 1 else ""
-        written = write(w, rows, out, args.view, (args.kind, layer, heads), title, steps, args.dpi, args.json)
-        print(table(rows))
+        written = write_outputs(w, rows, out, args.view, (args.kind, layer, heads), title, steps, args.dpi, args.json)
+        print(summary_table(rows))
         print(f"written in {out}: {', '.join(written)}")
 
 
-def write(
+def write_outputs(
     w: Weights, rows: list[dict], out, view: str, line_view: tuple, title: str, steps: list[int], dpi: float,
     weights_too: bool,
 ) -> list[str]:  # fmt: skip
@@ -378,12 +363,12 @@ def write(
     written = []
     if view in ("all", "grid"):
         for kind in KINDS:
-            grid(w, kind, out / f"{kind}.png", title, dpi)
+            draw_grid(w, kind, out / f"{kind}.png", title, dpi)
             written.append(f"{kind}.png")
     if view in ("all", "lines"):
         kind, layer, heads = line_view
         name = f"lines-{kind}-layer{layer}-{'all' if len(heads) > 1 else f'head{heads[0]}'}.png"
-        lines(w, kind, layer, heads, out / name, title, dpi)
+        draw_lines(w, kind, layer, heads, out / name, title, dpi)
         written.append(name)
     about = {"source": w.source, "target": w.target, "translated": w.translated, "checkpoint_steps": steps}
     paths.write_atomic(out / "summary.json", json.dumps({**about, "heads": rows}, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""fxformer.attention against independent computations: the weights by hand from the parameters,
+"""fxformer.attention_maps against independent computations: the weights by hand from the parameters,
 masks, batch invariance, tokens and limits, the summary, and the command on a trained run."""
 
 import dataclasses
@@ -19,7 +19,7 @@ from etils import epath
 from test_paths import fake_gcs  # noqa: F401  (a fixture)
 
 from configs import table3
-from fxformer import attention, exitcodes, inference, parallel
+from fxformer import attention_maps, exitcodes, inference, parallel
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -115,10 +115,10 @@ def softmax_by_hand(config, p, xq, xk, mask):
 def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(name):
     config = CONFIGS[name]
     params = init(config)
-    got = jax.device_get(attention.attention_weights(config, params, INPUTS, TARGETS))
+    got = jax.device_get(attention_maps.teacher_forced_weights(config, params, INPUTS, TARGETS))
     want = by_hand(config, params, INPUTS, TARGETS)
     real = {"encoder": INPUTS != PAD_ID, "decoder": TARGETS != PAD_ID, "cross": TARGETS != PAD_ID}  # query rows
-    for kind in attention.KINDS:
+    for kind in attention_maps.KINDS:
         assert got[kind].shape == want[kind].shape == (2, config.num_layers, config.num_heads, *want[kind].shape[3:])
         for b in range(2):
             np.testing.assert_allclose(got[kind][b][:, :, real[kind][b]], want[kind][b][:, :, real[kind][b]],
@@ -127,7 +127,7 @@ def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(nam
 
 def test_rows_sum_to_one_and_masked_keys_get_exactly_zero():
     config = CONFIGS["post"]
-    got = jax.device_get(attention.attention_weights(config, init(config), INPUTS, TARGETS))
+    got = jax.device_get(attention_maps.teacher_forced_weights(config, init(config), INPUTS, TARGETS))
     source_keys, target_keys = INPUTS != PAD_ID, TARGETS != PAD_ID
     future = np.triu(np.ones((TARGETS.shape[1],) * 2, bool), k=1)
     for kind, queries, keys in (("encoder", source_keys, source_keys), ("decoder", target_keys, target_keys),
@@ -145,11 +145,11 @@ def test_weights_do_not_change_with_the_batch_they_come_in():
     config = CONFIGS["pre"]
     params = init(config)
     short_source, short_target = np.array([[5, 6, 7, 3]]), np.array([[8, 9, 3]])
-    alone = jax.device_get(attention.attention_weights(config, params, short_source, short_target))
+    alone = jax.device_get(attention_maps.teacher_forced_weights(config, params, short_source, short_target))
     long_source = np.array([[10, 11, 12, 13, 14, 15, 16, 3]])
     long_target = np.array([[17, 18, 19, 20, 21, 3]])
     pad = lambda a, n: np.pad(a, ((0, 0), (0, n - a.shape[1])))  # noqa: E731
-    batch = jax.device_get(attention.attention_weights(
+    batch = jax.device_get(attention_maps.teacher_forced_weights(
         config, params, np.concatenate([pad(short_source, 8), long_source]),
         np.concatenate([pad(short_target, 6), long_target]),
     ))  # fmt: skip
@@ -173,7 +173,7 @@ def untrained(corpus, data_dir):
 
 def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(untrained):
     run = untrained
-    w = attention.weights(run, "The dog sees the ☃.", "Der Hund sieht den Mann.")
+    w = attention_maps.pair_weights(run, "The dog sees the ☃.", "Der Hund sieht den Mann.")
     sp = run.tokenizer.sp
     source_ids = sp.encode("The dog sees the ☃.") + [EOS_ID]
     assert w.source_tokens == [sp.id_to_piece(i) for i in source_ids] and w.source_tokens[-1] == "</s>"
@@ -183,7 +183,7 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
     s, t = len(w.source_tokens), len(w.target_tokens)
     L, h = run.model.config.num_layers, run.model.config.num_heads
     assert w.encoder.shape == (L, h, s, s) and w.decoder.shape == (L, h, t, t) and w.cross.shape == (L, h, t, s)
-    want = jax.device_get(attention.attention_weights(run.model.config, run.params, np.array([source_ids]),
+    want = jax.device_get(attention_maps.teacher_forced_weights(run.model.config, run.params, np.array([source_ids]),
                                                       np.array([run.tokenizer.encode(w.target)])))  # fmt: skip
     np.testing.assert_array_equal(w.cross, want["cross"][0])
     saved = json.loads(json.dumps(w.to_json()))
@@ -197,13 +197,13 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
                                   (" ", "Der Hund.", "The source sentence is empty"),
                                   ("The dog.", "", "The target sentence is empty")):  # fmt: skip
         with pytest.raises(UserError, match=None) as e:
-            attention.weights(run, source, target)
+            attention_maps.pair_weights(run, source, target)
         assert words in str(e.value) and str(e.value).count(". ") == 0, str(e.value)
 
 
 def synthetic(encoder, decoder, cross, source=4, target=3):
     tokens = lambda n, end: [f"t{i}" for i in range(n - 1)] + [end]  # noqa: E731
-    return attention.Weights("s", "t", False, tokens(source, "</s>"), ["<s>", *tokens(target, "x")[:-1]],
+    return attention_maps.Weights("s", "t", False, tokens(source, "</s>"), ["<s>", *tokens(target, "x")[:-1]],
                              tokens(target, "</s>"), encoder, decoder, cross)  # fmt: skip
 
 
@@ -217,7 +217,7 @@ def test_summary_names_the_place_each_head_looks_and_its_entropy():
     w = synthetic(np.stack([np.stack([previous, np.full((s, s), 1 / s)])]),
                   np.stack([np.stack([uniform_causal, np.eye(t)])]),
                   np.stack([np.stack([end, np.full((t, s), 1 / s)])]))  # fmt: skip
-    rows = {(r["kind"], r["head"]): r for r in attention.summary(w)}
+    rows = {(r["kind"], r["head"]): r for r in attention_maps.head_summary(w)}
     assert rows["encoder", 1]["attends_most_to"] == "previous token" and rows["encoder", 1]["share"] == 0.75
     assert rows["encoder", 1]["entropy_bits"] == 0
     assert rows["encoder", 2]["entropy_bits"] == pytest.approx(2.0)  # log2 of 4 keys
@@ -227,15 +227,15 @@ def test_summary_names_the_place_each_head_looks_and_its_entropy():
     assert rows["decoder", 2]["attends_most_to"] == "self"  # each position itself; the first is <s>
     assert rows["decoder", 2]["share"] == pytest.approx(2 / 3, abs=1e-4)
     assert rows["cross", 1]["attends_most_to"] == "end of sentence"
-    text = attention.table(attention.summary(w))
+    text = attention_maps.summary_table(attention_maps.head_summary(w))
     assert "encoder self-attention" in text and "previous token (75%)" in text
 
 
 def test_figures_reach_a_gs_workdir_as_urls(untrained, fake_bucket):
-    w = attention.weights(untrained, "The dog sees the man.", "Der Hund sieht den Mann.")
+    w = attention_maps.pair_weights(untrained, "The dog sees the man.", "Der Hund sieht den Mann.")
     out = "gs://bucket/w/attention/x"
-    attention.grid(w, "cross", f"{out}/cross.png", "test", dpi=40)
-    attention.lines(w, "encoder", 1, [1, 2], f"{out}/lines.png", "test", dpi=40)
+    attention_maps.draw_grid(w, "cross", f"{out}/cross.png", "test", dpi=40)
+    attention_maps.draw_lines(w, "encoder", 1, [1, 2], f"{out}/lines.png", "test", dpi=40)
     for name in ("cross.png", "lines.png"):
         data = FakeBucket.store[f"bucket/w/attention/x/{name}"].getvalue()
         assert data.startswith(b"\x89PNG") and len(data) > 1000
@@ -265,7 +265,7 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
     for flags in ((), ("--config.decode.beam_size=2", "--config.decode.alpha=1.0")):
         translated = command("fxformer.translate", f"--workdir={workdir}", "--step=20", *flags, stdin=SOURCE + "\n")
         assert translated.returncode == 0, translated.stderr[-3000:]
-        result = command("fxformer.attention", f"--workdir={workdir}", "--step=20", f"--source={SOURCE}", "--json",
+        result = command("fxformer.attention_maps", f"--workdir={workdir}", "--step=20", f"--source={SOURCE}", "--json",
                          "--name=n", *flags)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"translation: {translated.stdout.strip()}\n" in result.stdout
@@ -277,7 +277,7 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
     assert "encoder-decoder attention" in result.stdout and "attends most to" in result.stdout
     for name in ("encoder.png", "decoder.png", "cross.png", "lines-encoder-layer1-all.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name
-    averaged = command("fxformer.attention", f"--workdir={workdir}", "--average_last=2", f"--source={SOURCE}",
+    averaged = command("fxformer.attention_maps", f"--workdir={workdir}", "--average_last=2", f"--source={SOURCE}",
                        "--target=Heute kauft die Frau ein Buch.", "--view=lines", "--head=2")  # fmt: skip
     assert averaged.returncode == 0, averaged.stderr[-3000:]
     assert (workdir / "attention" / "today-the-woman-buys-a-book-20-avg2" / "lines-encoder-layer1-head2.png").exists()
@@ -287,7 +287,7 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
 
 @pytest.mark.slow
 def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
-    helped = command("fxformer.attention", "--help")
+    helped = command("fxformer.attention_maps", "--help")
     assert helped.returncode == 0 and "--source" in helped.stdout and "W/attention/<name>/" in helped.stdout
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -301,7 +301,7 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
                         ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
                         ([w, "--source=The dog.", "--name=../x"], "not a plain folder name")):  # fmt: skip
         with left_as_is(empty, eight_device_workdir):
-            result = command("fxformer.attention", *args)
+            result = command("fxformer.attention_maps", *args)
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], result.stderr
@@ -317,7 +317,7 @@ def test_a_gs_workdir_gets_its_figures_in_the_bucket(eight_device_workdir, fake_
     monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
     monkeypatch.setattr(sys, "argv", ["attention", "--workdir=gs://bucket/w", "--step=20", f"--source={SOURCE}",
                                       "--name=n", "--json"])  # fmt: skip
-    attention.main()
+    attention_maps.main()
     translated = capsys.readouterr().out.splitlines()[0].removeprefix("translation: ")
     written = {key.removeprefix("bucket/w/attention/n/") for key in FakeBucket.store if "/attention/" in key}
     assert written == {"encoder.png", "decoder.png", "cross.png", "lines-encoder-layer1-all.png", "summary.json",
@@ -334,7 +334,7 @@ def test_every_table3_row_gives_weights_of_its_layers_heads_and_lengths():
         params = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, targets)["params"]
         if row == "base":  # the fused kernel never forms the weights: the reference attention is used
             config = dataclasses.replace(config, attention_impl="cudnn")
-        got = jax.eval_shape(functools.partial(attention.attention_weights, config), params, inputs, targets)
+        got = jax.eval_shape(functools.partial(attention_maps.teacher_forced_weights, config), params, inputs, targets)
         n, h = config.num_layers, config.num_heads
         assert {kind: a.shape for kind, a in got.items()} == {
             "encoder": (1, n, h, 7, 7), "decoder": (1, n, h, 5, 5), "cross": (1, n, h, 5, 7)}, row  # fmt: skip
