@@ -221,7 +221,7 @@ def sweep(profile: str = "paper") -> dict:
         "reference": {
             row: {"ppl": ppl, "bleu": bleu, "params": params and params * 1e6}
             for row, (ppl, bleu, params) in PAPER.items()
-        },  # fmt: skip
+        },
         # Seeds per row: the mini profile's table counts a direction only beyond its noise
         "replicates": {"base": 5, "*": 3} if profile == "mini" else 1,
         # The paper's own run-to-run noise, for its ties (one run per row, no spread published)
@@ -233,7 +233,7 @@ def sweep(profile: str = "paper") -> dict:
             "--average_last=1",
             "--config.decode.beam_size=4",
             "--config.decode.alpha=0.6",
-        ],  # fmt: skip
+        ],
         # the test set too (newstest2014 for WMT), decoded the same way: beside dev in the table
         "more_splits": ["test"],
         # Rows looked at (with base) to choose the profile's recipe on the same dev set: marked in

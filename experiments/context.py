@@ -37,8 +37,11 @@ class Replicate:
         if self.seed == 0:
             return flags
         config = self.run.resolved(extra)
-        return [*flags, f"--config.seed={config['seed'] + self.seed}",
-                f"--config.data.shuffle_seed={config['data']['shuffle_seed'] + self.seed}"]  # fmt: skip
+        return [
+            *flags,
+            f"--config.seed={config['seed'] + self.seed}",
+            f"--config.data.shuffle_seed={config['data']['shuffle_seed'] + self.seed}",
+        ]
 
     def resolved(self, extra: tuple[str, ...]) -> dict:
         config = self.run.resolved(extra)
@@ -106,8 +109,15 @@ class Context:
         flags = (*rep.flags(self.extra), f"--workdir={workdir}")
         logdir = default_logdir(workdir, self.sweep.name, rep.name)
         evals = [f for split, f in self.sweep.evaluations() if splits is None or split in splits]
-        return Job(f"{self.sweep.name}-{rep.name}", flags, evaluate=True, eval_flags=evals[0], logdir=logdir,
-                   train=train, more_evals=tuple(evals[1:]))  # fmt: skip
+        return Job(
+            f"{self.sweep.name}-{rep.name}",
+            flags,
+            evaluate=True,
+            eval_flags=evals[0],
+            logdir=logdir,
+            train=train,
+            more_evals=tuple(evals[1:]),
+        )
 
 
 def read_root(root: str, dry_run: bool) -> dict:

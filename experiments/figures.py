@@ -1,12 +1,12 @@
 """A sweep's figures (`plot`), PNG files from the same records as its table (matplotlib, no display):
 
-    delta.png   per row and metric, the change versus the baseline in percent of it, ours (the paired
-                Δ over the matched base mean, with its 95% interval) beside the reference's, on a
-                linear axis, rows grouped as in the paper (A, B, C, D, E, big)
-    params.png  each row's dev figure against its parameter count, ours and the reference's, every
-                point labelled without overlap
-    curves.png  each group's dev perplexity during training, mean over seeds with the range (only
-                where the records hold learning curves)
+delta.png   per row and metric, the change versus the baseline in percent of it, ours (the paired
+            Δ over the matched base mean, with its 95% interval) beside the reference's, on a
+            linear axis, rows grouped as in the paper (A, B, C, D, E, big)
+params.png  each row's dev figure against its parameter count, ours and the reference's, every
+            point labelled without overlap
+curves.png  each group's dev perplexity during training, mean over seeds with the range (only
+            where the records hold learning curves)
 """
 
 from __future__ import annotations
@@ -115,8 +115,16 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
     low = [0 if o[0] is None or o[1] is None else o[0] - o[1] for o in ours]
     high = [0 if o[0] is None or o[2] is None else o[2] - o[0] for o in ours]
     y_ours, y_paper = [p - 0.2 for p in places], [p + 0.2 for p in places]
-    ax.barh(y_ours, [v or 0 for v in values], height=0.4, color="tab:blue", xerr=[low, high], capsize=2,
-            error_kw={"linewidth": 0.8}, label=f"ours ({profile}), 95% CI")  # fmt: skip
+    ax.barh(
+        y_ours,
+        [v or 0 for v in values],
+        height=0.4,
+        color="tab:blue",
+        xerr=[low, high],
+        capsize=2,
+        error_kw={"linewidth": 0.8},
+        label=f"ours ({profile}), 95% CI",
+    )
     ax.barh(y_paper, [v or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
     for y, value, (_, lo, hi) in zip(y_ours, values, ours):
         end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
@@ -128,8 +136,15 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
 def bar_label(ax, y: float, value: float | None, end: float | None) -> None:
     if value is None:
         return
-    ax.annotate(f"{value:+.1f}%", (end, y), xytext=(3 if end >= 0 else -3, 0), textcoords="offset points",
-                ha="left" if end >= 0 else "right", va="center", fontsize=6)  # fmt: skip
+    ax.annotate(
+        f"{value:+.1f}%",
+        (end, y),
+        xytext=(3 if end >= 0 else -3, 0),
+        textcoords="offset points",
+        ha="left" if end >= 0 else "right",
+        va="center",
+        fontsize=6,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,8 +231,9 @@ def annotate(ax, x: float, y: float, text: str, dx: float, dy: float, fontsize: 
     va = "bottom" if dy > 1e-6 else "top" if dy < -1e-6 else "center"
     far = math.hypot(dx, dy) > 8
     arrow = {"arrowstyle": "-", "color": "0.6", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3} if far else None
-    return ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize,
-                       arrowprops=arrow)  # fmt: skip
+    return ax.annotate(
+        text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize, arrowprops=arrow
+    )
 
 
 def overlap(a, b) -> float:

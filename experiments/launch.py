@@ -54,8 +54,14 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     logdir = Path(args.logdir) if args.logdir else default_logdir(workdir or "", name)
     # A refused run leaves its workdir as it was (or absent): the workers' logs wait for train to accept it.
     hold = bool(workdir) and not is_url(workdir) and inside(logdir, Path(os.path.expanduser(workdir)))
-    return Job(name, tuple(train_flags), evaluate=args.evaluate, eval_flags=tuple(shlex.split(args.eval_flags)),
-               logdir=logdir, hold_log=hold)  # fmt: skip
+    return Job(
+        name,
+        tuple(train_flags),
+        evaluate=args.evaluate,
+        eval_flags=tuple(shlex.split(args.eval_flags)),
+        logdir=logdir,
+        hold_log=hold,
+    )
 
 
 def inside(path: Path, directory: Path) -> bool:

@@ -46,8 +46,15 @@ def from_root(ctx, runs) -> dict:
     """The records of `runs` (and the baseline's, which every row is compared with) from their run
     directories under the sweep's root."""
     names = {run.name for run in runs} | {ctx.sweep.baseline}
-    header = {"format": FORMAT, "sweep": ctx.sweep.name, "profile": ctx.profile, "root": str(ctx.root),
-              "extra": list(ctx.extra), "collected": now(), "origin": "run directories"}  # fmt: skip
+    header = {
+        "format": FORMAT,
+        "sweep": ctx.sweep.name,
+        "profile": ctx.profile,
+        "root": str(ctx.root),
+        "extra": list(ctx.extra),
+        "collected": now(),
+        "origin": "run directories",
+    }
     header["rows"] = [run.name for run in runs]  # the table's rows (the baseline's records may be extra)
     reps = [replicate(ctx, rep) for run in ctx.sweep.runs if run.name in names for rep in ctx.replicates(run)]
     return {"header": header, "replicates": reps}
@@ -120,9 +127,16 @@ def from_results(path) -> dict:
     else:  # an older one: its root and time of collection from its footer
         first = document.get("footer", [""])[0]
         root, collected = re.search(r"root (\S+?);", first), re.search(r"collected ([\d-]+ [\d:]+)", first)
-        header = {"format": FORMAT, "sweep": document["sweep"], "profile": document["profile"],
-                  "root": root.group(1) if root else "?", "extra": [], "collected": collected.group(1) if collected
-                  else now(), "origin": FROM_RESULTS, "rows": [row["row"] for row in document["rows"]]}  # fmt: skip
+        header = {
+            "format": FORMAT,
+            "sweep": document["sweep"],
+            "profile": document["profile"],
+            "root": root.group(1) if root else "?",
+            "extra": [],
+            "collected": collected.group(1) if collected else now(),
+            "origin": FROM_RESULTS,
+            "rows": [row["row"] for row in document["rows"]],
+        }
     split = next((row["results"]["split"] for row in document["rows"] if row.get("results")), "validation")
     reps = [rep for row in document["rows"] for rep in replicates_of(row, split)]
     return {"header": header, "replicates": reps}
@@ -145,10 +159,18 @@ def replicates_of(row: dict, eval_split: str) -> list[dict]:
                 values, kept[split] = kept[split], {}
             if values:
                 evals[split] = values
-        reps.append({
-            "row": row["row"], "seed": k, "name": row["row"] if k == 0 else f"{row['row']}.s{k}",
-            "state": state or ("finished" if evals else "pending"), "step": row["steps"], "config": None,
-            "commit": row["commit"], "run_info": {"num_params": row["params"], "devices": row["devices"]},
-            "evals": evals, "curve": [],
-        })  # fmt: skip
+        reps.append(
+            {
+                "row": row["row"],
+                "seed": k,
+                "name": row["row"] if k == 0 else f"{row['row']}.s{k}",
+                "state": state or ("finished" if evals else "pending"),
+                "step": row["steps"],
+                "config": None,
+                "commit": row["commit"],
+                "run_info": {"num_params": row["params"], "devices": row["devices"]},
+                "evals": evals,
+                "curve": [],
+            }
+        )
     return reps

@@ -86,8 +86,11 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[dict]:
         by_row.setdefault(rep["row"], []).append(rep)
     configs = {run.name: run.resolved(ctx.extra) for run in sweep.runs}
     names = {run.name for run in runs} | {sweep.baseline}
-    rows = {run.name: record(sweep, run, by_row.get(run.name, []), configs[run.name], configs.get(sweep.baseline, {}))
-            for run in sweep.runs if run.name in names}  # fmt: skip
+    rows = {
+        run.name: record(sweep, run, by_row.get(run.name, []), configs[run.name], configs.get(sweep.baseline, {}))
+        for run in sweep.runs
+        if run.name in names
+    }
     base = rows.get(sweep.baseline)
     for name, rec in rows.items():
         compare(sweep, rec, base)
@@ -134,8 +137,10 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> dic
 
 def figures(sweep, reps: list[dict], split: str) -> dict:
     """Per metric on `split`: each seed's final value, how many, their mean and sd."""
-    seeds = {m: {rep["seed"]: rep["evals"][split][m] for rep in reps if m in rep["evals"].get(split, {})}
-             for m in sweep.metrics}  # fmt: skip
+    seeds = {
+        m: {rep["seed"]: rep["evals"][split][m] for rep in reps if m in rep["evals"].get(split, {})}
+        for m in sweep.metrics
+    }
     spread = {m: stats.mean_sd(list(seeds[m].values())) for m in sweep.metrics}
     return {
         "seeds": seeds,
@@ -282,11 +287,20 @@ def markdown_header(sweep) -> list[str]:
         cols += [f"{label(s)} {m.upper()} ours (mean ± sd)" for s in more_splits(sweep)]
         cols += [f"{split} {m.upper()} paper"]
     for m in sweep.metrics:
-        cols += [f"{split} {m.upper()} base, matched", f"Δ{m.upper()} ours [95% CI]", f"{m.upper()} t (df), p",
-                 f"Δ{m.upper()} paper", f"{m.upper()} direction"]  # fmt: skip
+        cols += [
+            f"{split} {m.upper()} base, matched",
+            f"Δ{m.upper()} ours [95% CI]",
+            f"{m.upper()} t (df), p",
+            f"Δ{m.upper()} paper",
+            f"{m.upper()} direction",
+        ]
     fractions = " → ".join(fraction(f) for f in FRACTIONS)
-    return cols + [f"{m1} direction at {fractions} of the steps", f"{m1} gain in the last {share(LATE)}", "steps",
-                   "state"]  # fmt: skip
+    return cols + [
+        f"{m1} direction at {fractions} of the steps",
+        f"{m1} gain in the last {share(LATE)}",
+        "steps",
+        "state",
+    ]
 
 
 def fraction(f: float) -> str:
@@ -295,17 +309,31 @@ def fraction(f: float) -> str:
 
 def markdown_cells(rec: dict, sweep) -> list[str]:
     name = f"{rec['row']} (pilot)" if rec["pilot"] else rec["row"]
-    out = [name, rec["changes"] or "—", millions(rec["params"]), millions(rec["paper_params"]),
-           str(min(rec["n"].values(), default=0))]  # fmt: skip
+    out = [
+        name,
+        rec["changes"] or "—",
+        millions(rec["params"]),
+        millions(rec["paper_params"]),
+        str(min(rec["n"].values(), default=0)),
+    ]
     for m in sweep.metrics:
         out.append(plus_minus(rec["ours"][m], rec["sd"][m]))
         out += [plus_minus(rec["more"][s]["ours"][m], rec["more"][s]["sd"][m]) for s in more_splits(sweep)]
         out.append(fmt(rec["paper"][m]))
     for m in sweep.metrics:
-        out += [fmt(rec["matched"][m], 3), interval(rec, m), t_cell(rec, m), signed(rec["delta_paper"][m]),
-                rec["direction"][m]]  # fmt: skip
-    return out + [" → ".join(rec["along"]), share(rec["late_share"]), f"{rec['steps']}/{rec['total_steps']}",
-                  rec["state"]]  # fmt: skip
+        out += [
+            fmt(rec["matched"][m], 3),
+            interval(rec, m),
+            t_cell(rec, m),
+            signed(rec["delta_paper"][m]),
+            rec["direction"][m],
+        ]
+    return out + [
+        " → ".join(rec["along"]),
+        share(rec["late_share"]),
+        f"{rec['steps']}/{rec['total_steps']}",
+        rec["state"],
+    ]
 
 
 def header(sweep) -> list[str]:
@@ -318,25 +346,50 @@ def header(sweep) -> list[str]:
         cols += [f"{split} {m.upper()} paper"]
     for m in sweep.metrics:
         M = m.upper()
-        cols += [f"{split} {M} base matched", f"Δ{M} ours", f"Δ{M} SE", f"Δ{M} CI low", f"Δ{M} CI high", f"{M} t",
-                 f"{M} df", f"{M} p", f"Δ{M} paper", f"{M} direction vs paper"]  # fmt: skip
+        cols += [
+            f"{split} {M} base matched",
+            f"Δ{M} ours",
+            f"Δ{M} SE",
+            f"Δ{M} CI low",
+            f"Δ{M} CI high",
+            f"{M} t",
+            f"{M} df",
+            f"{M} p",
+            f"Δ{M} paper",
+            f"{M} direction vs paper",
+        ]
     cols += [f"{m1} direction at {fraction(f)}" for f in FRACTIONS]
     return cols + [f"{m1} gain share last {share(LATE)}", "steps", "state"]
 
 
 def cells(rec: dict, sweep) -> list[str]:
-    out = [rec["row"], "yes" if rec["pilot"] else "", rec["changes"] or "—", millions(rec["params"]),
-           millions(rec["paper_params"]), str(min(rec["n"].values(), default=0))]  # fmt: skip
+    out = [
+        rec["row"],
+        "yes" if rec["pilot"] else "",
+        rec["changes"] or "—",
+        millions(rec["params"]),
+        millions(rec["paper_params"]),
+        str(min(rec["n"].values(), default=0)),
+    ]
     for m in sweep.metrics:
         for figs in (rec, *(rec["more"][s] for s in more_splits(sweep))):
             out += [fmt(figs["ours"][m], 3), fmt(figs["sd"][m], 3)]
         out.append(fmt(rec["paper"][m]))
     for m in sweep.metrics:
         ci = rec["ci"][m] or [None, None]
-        out += [fmt(rec["matched"][m], 3), signed(rec["delta_ours"][m], 3), fmt(rec["se"][m], 3), signed(ci[0], 3),
-                signed(ci[1], 3), fmt(rec["t"][m], 3), fmt(rec["df"][m]), fmt(rec["p"][m], 4),
-                signed(rec["delta_paper"][m]), rec["direction"][m]]  # fmt: skip
-    out += (rec["along"] or [""] * len(FRACTIONS))
+        out += [
+            fmt(rec["matched"][m], 3),
+            signed(rec["delta_ours"][m], 3),
+            fmt(rec["se"][m], 3),
+            signed(ci[0], 3),
+            signed(ci[1], 3),
+            fmt(rec["t"][m], 3),
+            fmt(rec["df"][m]),
+            fmt(rec["p"][m], 4),
+            signed(rec["delta_paper"][m]),
+            rec["direction"][m],
+        ]
+    out += rec["along"] or [""] * len(FRACTIONS)
     return out + [fmt(rec["late_share"], 3), f"{rec['steps']}/{rec['total_steps']}", rec["state"]]
 
 
@@ -428,8 +481,11 @@ def end_note(recs: list[dict]) -> str:
     """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
     measured = [r for r in recs if r["end_above_lowest"] is not None]
     rises = [r["end_above_lowest"] for r in measured]
-    above = [f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})" for r in measured
-             if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]]  # fmt: skip
+    above = [
+        f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})"
+        for r in measured
+        if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]
+    ]
     return (
         f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
         f"lowest; the largest rise is {max(rises, default=0):.3f}; rows with a seed that ends above its lowest "
@@ -492,8 +548,13 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
     source = doc["header"]
     directory.mkdir(parents=True, exist_ok=True)
     table = markdown(ctx.sweep, source, recs)
-    document = {"sweep": ctx.sweep.name, "profile": source["profile"], "source": source,
-                "footer": footer(ctx.sweep, source, recs), "rows": recs}  # fmt: skip
+    document = {
+        "sweep": ctx.sweep.name,
+        "profile": source["profile"],
+        "source": source,
+        "footer": footer(ctx.sweep, source, recs),
+        "rows": recs,
+    }
     written = ["table.md", "table.csv", "results.json"]
     paths.write_atomic(directory / "table.md", table)
     paths.write_atomic(directory / "table.csv", to_csv(ctx.sweep, recs))

@@ -55,22 +55,42 @@ def parser(verb: str) -> argparse.ArgumentParser:
     p.add_argument("--root", default="", help="the sweep's directory, a path or URL (default: runs/<sweep>-<profile>)")
     p.add_argument("--profile", default="", help="paper, mini or smoke for table3 (default: the root's, else paper)")
     p.add_argument("--only", default="", help="rows to act on: names or patterns, comma-separated (A*,base)")
-    p.add_argument("--seeds", type=int, default=0,
-                   help="replicates of every row, paired by seed (default: the root's, else the sweep's)")  # fmt: skip
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        help="replicates of every row, paired by seed (default: the root's, else the sweep's)",
+    )
     p.add_argument("--parallel", type=int, default=1, help="local backend: runs side by side on this machine (1)")
     p.add_argument("--max_attempts", type=int, default=3, help="tries per row before it counts as failed (3)")
     p.add_argument("--retry_failed", action="store_true", help="try rows that failed --max_attempts times again")
     p.add_argument("--move_changed", action="store_true", help="move runs with a changed config aside, start over")
-    p.add_argument("--lease_s", type=float, default=rowstate.DEFAULT_LEASE_S,
-                   help="a row whose owner's heartbeat is older than this is taken over (300)")  # fmt: skip
-    p.add_argument("--out", default="", help="collect, plot: where the files go (default: R/results, or beside "
-                   "the --from_records / --from_results file)")
-    p.add_argument("--from_records", default="", metavar="FILE",
-                   help="collect, plot: from the raw records collect wrote (R/results/records.jsonl.gz) alone, with "
-                   "no run directory: table.md, table.csv and results.json come out byte for byte as collected")
-    p.add_argument("--from_results", default="", metavar="FILE",
-                   help="collect, plot: from the final figures per seed a results.json holds (an older one "
-                   "included): no learning curves and no raw records, so those columns stay blank")  # fmt: skip
+    p.add_argument(
+        "--lease_s",
+        type=float,
+        default=rowstate.DEFAULT_LEASE_S,
+        help="a row whose owner's heartbeat is older than this is taken over (300)",
+    )
+    p.add_argument(
+        "--out",
+        default="",
+        help="collect, plot: where the files go (default: R/results, or beside "
+        "the --from_records / --from_results file)",
+    )
+    p.add_argument(
+        "--from_records",
+        default="",
+        metavar="FILE",
+        help="collect, plot: from the raw records collect wrote (R/results/records.jsonl.gz) alone, with "
+        "no run directory: table.md, table.csv and results.json come out byte for byte as collected",
+    )
+    p.add_argument(
+        "--from_results",
+        default="",
+        metavar="FILE",
+        help="collect, plot: from the final figures per seed a results.json holds (an older one "
+        "included): no learning curves and no raw records, so those columns stay blank",
+    )
     backends.add_flags(p)
     return p
 
@@ -220,13 +240,24 @@ def run_rows(ctx: Context, runs) -> int:
     if RowStatus.STOPPED in states:
         return exitcodes.STOPPED
     counts = {str(state): states.count(state) for state in sorted(set(states))}
-    say(f"{ctx.sweep.name}: " + ", ".join(f"{n} {state}" for state, n in counts.items()) +
-        f" in {duration(time.time() - jobs.started)}")  # fmt: skip
+    say(
+        f"{ctx.sweep.name}: "
+        + ", ".join(f"{n} {state}" for state, n in counts.items())
+        + f" in {duration(time.time() - jobs.started)}"
+    )
     return 1 if RowStatus.FAILED in states else exitcodes.OK
 
 
-def run_row(ctx: Context, rep: Replicate, backend: Backend, wanted: dict, code: str, prefix: str, eta: str,
-            stopping: threading.Event | None = None) -> RowStatus:  # fmt: skip
+def run_row(
+    ctx: Context,
+    rep: Replicate,
+    backend: Backend,
+    wanted: dict,
+    code: str,
+    prefix: str,
+    eta: str,
+    stopping: threading.Event | None = None,
+) -> RowStatus:
     """Bring one run as far as it goes. What its state on disk calls for:
 
     FINISHED             skip                        -> FINISHED
@@ -260,8 +291,17 @@ def run_row(ctx: Context, rep: Replicate, backend: Backend, wanted: dict, code: 
             return outcome
 
 
-def attempt(ctx: Context, rep: Replicate, backend: Backend, row: rowstate.RowState, state: RowStatus, wanted: dict,
-            code: str, prefix: str, eta: str) -> RowStatus | None:  # fmt: skip
+def attempt(
+    ctx: Context,
+    rep: Replicate,
+    backend: Backend,
+    row: rowstate.RowState,
+    state: RowStatus,
+    wanted: dict,
+    code: str,
+    prefix: str,
+    eta: str,
+) -> RowStatus | None:
     """Launch one attempt (training and evaluation, or evaluation alone) under a lease; the row's
     outcome, or None where another attempt should follow."""
     args, total = ctx.args, wanted["num_train_steps"]
@@ -273,8 +313,16 @@ def attempt(ctx: Context, rep: Replicate, backend: Backend, row: rowstate.RowSta
     if args.dry_run:
         backend.launch(job, True)
         return RowStatus.PENDING
-    status = {**row.status, "sweep": ctx.sweep.name, "profile": ctx.profile, "row": rep.run.name, "seed": rep.seed,
-              "config": wanted, "commit": code, "backend": args.backend}  # fmt: skip
+    status = {
+        **row.status,
+        "sweep": ctx.sweep.name,
+        "profile": ctx.profile,
+        "row": rep.run.name,
+        "seed": rep.seed,
+        "config": wanted,
+        "commit": code,
+        "backend": args.backend,
+    }
     lease = rowstate.Lease(paths.Workdir(ctx.workdir(rep)), status, every_s=min(30.0, args.lease_s / 4))
     if not lease.claim():
         say(f"{prefix}: another launcher claimed it just now; left alone")

@@ -198,15 +198,21 @@ def _follow(child: subprocess.Popen, read, echo, keep=lambda chunk: None) -> int
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, train_flags = split_at_dashes(argv)
-    p = argparse.ArgumentParser(prog="python -m experiments.worker", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rundir", required=True, help="where this host keeps worker.log and pid")
-    p.add_argument("--then", action="append", default=[],
-                   help="an fxformer command (module and flags) to run after the first; repeat for more")  # fmt: skip
+    p.add_argument(
+        "--then",
+        action="append",
+        default=[],
+        help="an fxformer command (module and flags) to run after the first; repeat for more",
+    )
     p.add_argument("--stop", action="store_true", help="SIGTERM the command this rundir's worker started")
     p.add_argument("--kill", action="store_true", help="with --stop: SIGKILL instead (a process that hangs)")
-    p.add_argument("--hold_log", action="store_true",
-                   help="write nothing under --rundir until fxformer.train has accepted the run")  # fmt: skip
+    p.add_argument(
+        "--hold_log", action="store_true", help="write nothing under --rundir until fxformer.train has accepted the run"
+    )
     args = p.parse_args(ours)
     rundir = Path(os.path.expanduser(args.rundir))
     if args.stop:

@@ -77,13 +77,21 @@ class Weights:
     def to_json(self) -> dict:
         """Tokens and weights as plain lists: weights[kind][layer][head][query][key], layer and head from 0."""
         return {
-            "source": self.source, "target": self.target, "translated": self.translated,
-            "tokens": {"source": self.source_tokens, "decoder_inputs": self.decoder_inputs,
-                       "targets": self.target_tokens},
-            "axes": {"encoder": ["source", "source"], "decoder": ["decoder_inputs", "decoder_inputs"],
-                     "cross": ["targets", "source"]},
+            "source": self.source,
+            "target": self.target,
+            "translated": self.translated,
+            "tokens": {
+                "source": self.source_tokens,
+                "decoder_inputs": self.decoder_inputs,
+                "targets": self.target_tokens,
+            },
+            "axes": {
+                "encoder": ["source", "source"],
+                "decoder": ["decoder_inputs", "decoder_inputs"],
+                "cross": ["targets", "source"],
+            },
             "weights": {kind: np.round(self.of(kind).astype(np.float64), 7).tolist() for kind in KINDS},
-        }  # fmt: skip
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,11 +161,14 @@ def pair_weights(run: inference.Restored, source: str, target: str | None = None
     found = jax.device_get(teacher_forced_weights(c, run.params, source_ids[None], target_ids[None]))
     pieces = [tokenizer.sp.id_to_piece(int(i)) for i in target_ids]
     return Weights(
-        source=source, target=target, translated=translated,
+        source=source,
+        target=target,
+        translated=translated,
         source_tokens=[tokenizer.sp.id_to_piece(int(i)) for i in source_ids],
-        decoder_inputs=[tokenizer.sp.id_to_piece(tokenizer.sp.bos_id()), *pieces[:-1]], target_tokens=pieces,
+        decoder_inputs=[tokenizer.sp.id_to_piece(tokenizer.sp.bos_id()), *pieces[:-1]],
+        target_tokens=pieces,
         **{kind: np.asarray(a[0], np.float32) for kind, a in found.items()},
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,9 +201,16 @@ def head_summary(w: Weights) -> list[dict]:
                     position_name(kind, i, int(j), a.shape[-1]) for i, j in enumerate(strongest)
                 )
                 most, count = places.most_common(1)[0]
-                rows.append({"kind": kind, "layer": layer + 1, "head": head + 1,
-                             "entropy_bits": round(float(entropy[layer, head]), 4), "attends_most_to": most,
-                             "share": round(count / len(strongest), 4)})  # fmt: skip
+                rows.append(
+                    {
+                        "kind": kind,
+                        "layer": layer + 1,
+                        "head": head + 1,
+                        "entropy_bits": round(float(entropy[layer, head]), 4),
+                        "attends_most_to": most,
+                        "share": round(count / len(strongest), 4),
+                    }
+                )
     return rows
 
 
@@ -251,8 +269,12 @@ def draw_grid(w: Weights, kind: str, path: paths.PathLike, title: str, dpi: floa
     bar_height = min(2.5, height - bottom - top)
     bar = fig.add_axes((1 - (right - 0.15) / width, bottom / height, 0.12 / width, bar_height / height))
     fig.colorbar(image, cax=bar, label="attention weight")
-    fig.suptitle(f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}", fontsize=10,
-                 y=1 - 0.08 / height, va="top")  # fmt: skip
+    fig.suptitle(
+        f"{KINDS[kind]} ({title})\nrows: {AXES[kind][0]}; columns: {AXES[kind][1]}",
+        fontsize=10,
+        y=1 - 0.08 / height,
+        va="top",
+    )
     png.save(fig, path, fitting_dpi(fig, dpi), tight=True)
 
 
@@ -286,8 +308,14 @@ def draw_lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.
     ax.set_title(f"{KINDS[kind]}, layer {layer} of {w.of(kind).shape[0]}, {which}\n({title})", fontsize=9)
     if len(heads) > 1:
         handles = [Patch(color=palette(h - 1), label=f"head {h}") for h in heads]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(heads), 8),
-                  fontsize=7, frameon=False)  # fmt: skip
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(len(heads), 8),
+            fontsize=7,
+            frameon=False,
+        )
     png.save(fig, path, fitting_dpi(fig, dpi), tight=True)
 
 
@@ -306,8 +334,10 @@ def heads_of(flag: str, num_heads: int) -> list[int]:
     if flag == "all":
         return list(range(1, num_heads + 1))
     if not flag.isdigit() or not 1 <= int(flag) <= num_heads:
-        raise UserError(f"--head={flag} does not exist: this model has {num_heads} heads a layer (1 to {num_heads}), "
-                        "or give --head=all.")  # fmt: skip
+        raise UserError(
+            f"--head={flag} does not exist: this model has {num_heads} heads a layer (1 to {num_heads}), "
+            "or give --head=all."
+        )
     return [int(flag)]
 
 
@@ -316,8 +346,12 @@ def main() -> None:
     p.add_argument("--source", required=True, help="the source sentence")
     p.add_argument("--target", default=None, help="its translation (default: the model's own, printed)")
     p.add_argument("--name", default="", help="the folder under W/attention/ (default: the source's first words)")
-    p.add_argument("--view", default="all", choices=("all", "grid", "lines"),
-                   help="the grids, the line view, or both (default); the summary always")  # fmt: skip
+    p.add_argument(
+        "--view",
+        default="all",
+        choices=("all", "grid", "lines"),
+        help="the grids, the line view, or both (default); the summary always",
+    )
     p.add_argument("--kind", default="encoder", choices=tuple(KINDS), help="the attention the line view shows")
     p.add_argument("--layer", type=int, default=None, help="the line view's layer, from 1 (default: the last but one)")
     p.add_argument("--head", default="all", help="the line view's head, from 1, or all (default)")
@@ -354,9 +388,16 @@ def main() -> None:
 
 
 def write_outputs(
-    w: Weights, rows: list[dict], out, view: str, line_view: tuple, title: str, steps: list[int], dpi: float,
+    w: Weights,
+    rows: list[dict],
+    out,
+    view: str,
+    line_view: tuple,
+    title: str,
+    steps: list[int],
+    dpi: float,
     weights_too: bool,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The figures `view` asks for (`line_view`: kind, layer, heads), summary.json and (`weights_too`)
     weights.json in the directory `out`, made if needed; the names written."""
     out.mkdir(parents=True, exist_ok=True)

@@ -91,8 +91,14 @@ def synthetic_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> d
     tokens = lambda: rng.integers(4, vocab_size, size=(rows, length)).astype(np.int32)  # noqa: E731
     ones = np.ones((rows, length), np.int32)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
-    return {"inputs": tokens(), "targets": tokens(), "inputs_segment_ids": ones, "targets_segment_ids": ones,
-            "inputs_positions": positions, "targets_positions": positions}  # fmt: skip
+    return {
+        "inputs": tokens(),
+        "targets": tokens(),
+        "inputs_segment_ids": ones,
+        "targets_segment_ids": ones,
+        "inputs_positions": positions,
+        "targets_positions": positions,
+    }
 
 
 def peak_memory() -> tuple[int | None, str]:
@@ -153,8 +159,9 @@ def real_data(config):
 
 def real_batches(config, ids, rows: int):
     """This process's training batches of the config's dataset, as training makes them."""
-    dataset, _ = pipeline.train_dataset(ids, config.data, rows, config.data.shuffle_seed, jax.process_index(),
-                                        jax.process_count())  # fmt: skip
+    dataset, _ = pipeline.train_dataset(
+        ids, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
+    )
     return iter(dataset)
 
 
@@ -169,8 +176,11 @@ def bench_pipeline(config, ids, seconds: float) -> dict:
         tokens += int((next(batches)["targets_segment_ids"] > 0).sum())
         count += 1
     elapsed = time.perf_counter() - start
-    return {"pipeline_target_tokens_per_s": tokens / elapsed, "pipeline_batches_per_s": count / elapsed,
-            "pipeline_fill": tokens / (count * rows * config.data.max_length)}  # fmt: skip
+    return {
+        "pipeline_target_tokens_per_s": tokens / elapsed,
+        "pipeline_batches_per_s": count / elapsed,
+        "pipeline_fill": tokens / (count * rows * config.data.max_length),
+    }
 
 
 def bench_real_train(config, ids, compiled, state, synthetic, steps: int, rounds: int = 4) -> dict:
@@ -239,12 +249,24 @@ def bench_decode(config, model_config: TransformerConfig, batch_size: int, sourc
     }
 
 
-def run(config, steps: int, decode_batch: int, decode_len: int, decode_repeats: int, data: str = "synthetic",
-        pipeline_seconds: float = 10.0) -> dict:  # fmt: skip
+def run(
+    config,
+    steps: int,
+    decode_batch: int,
+    decode_len: int,
+    decode_repeats: int,
+    data: str = "synthetic",
+    pipeline_seconds: float = 10.0,
+) -> dict:
     device = jax.devices()[0]
     dtype = config.model.dtype
-    out = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count(), "dtype": dtype,
-           "data": data}  # fmt: skip
+    out = {
+        "device": device.device_kind,
+        "platform": device.platform,
+        "devices": jax.device_count(),
+        "dtype": dtype,
+        "data": data,
+    }
     vocab, ids = real_data(config) if data == "real" else (config.data.vocab_size, None)
     if ids is not None:
         out.update(bench_pipeline(config, ids, pipeline_seconds))
@@ -271,12 +293,19 @@ def pipeline_rows(r: dict) -> list[tuple[str, str]]:
     """The real-data lines of the table (none for synthetic data)."""
     if "pipeline_target_tokens_per_s" not in r:
         return []
-    alone = (f"{r['pipeline_target_tokens_per_s']:,.0f} real target tokens/s ({r['pipeline_batches_per_s']:,.1f} "
-             f"batches/s, {100 * r['pipeline_fill']:.1f}% of slots real)")  # fmt: skip
+    alone = (
+        f"{r['pipeline_target_tokens_per_s']:,.0f} real target tokens/s ({r['pipeline_batches_per_s']:,.1f} "
+        f"batches/s, {100 * r['pipeline_fill']:.1f}% of slots real)"
+    )
     rows = [("input pipeline alone", alone)]
     if "real_to_synthetic_step_rate" in r:
-        rows.append(("training on real batches", f"{r['real_train_target_tokens_per_s']:,.0f} real target tokens/s, "
-                     f"step rate {r['real_to_synthetic_step_rate']:.3f} x the synthetic one (same run)"))  # fmt: skip
+        rows.append(
+            (
+                "training on real batches",
+                f"{r['real_train_target_tokens_per_s']:,.0f} real target tokens/s, "
+                f"step rate {r['real_to_synthetic_step_rate']:.3f} x the synthetic one (same run)",
+            )
+        )
     return rows
 
 
@@ -299,7 +328,7 @@ def table(r: dict) -> str:
         (
             "peak memory",
             f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**20, ',.0f')} MiB ({r['peak_memory_of']})",
-        ),  # fmt: skip
+        ),
     ]
     rows += pipeline_rows(r)
     if r.get("decode_sentences_per_s"):
@@ -319,8 +348,12 @@ def main() -> None:
     p.add_argument("--decode_batch", type=int, default=32, help="sentences in the decoding batch (0 = skip)")
     p.add_argument("--decode_len", type=int, default=24, help="source tokens per sentence in the decoding batch")
     p.add_argument("--decode_repeats", type=int, default=2, help="timed decoding runs")
-    p.add_argument("--data", choices=("synthetic", "real"), default="synthetic",
-                   help="real: also the config's dataset: the input pipeline alone, and training on its batches")
+    p.add_argument(
+        "--data",
+        choices=("synthetic", "real"),
+        default="synthetic",
+        help="real: also the config's dataset: the input pipeline alone, and training on its batches",
+    )
     p.add_argument("--pipeline_seconds", type=float, default=10.0, help="--data=real: how long to read batches")
     p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
     args, config = cli.parse(p)
@@ -335,8 +368,9 @@ def main() -> None:
     if args.pipeline_seconds <= 0:
         raise UserError(f"--pipeline_seconds must be positive, not {args.pipeline_seconds}.")
     validate(config, jax.default_backend(), jax.process_count())
-    results = run(config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats, args.data,
-                  args.pipeline_seconds)  # fmt: skip
+    results = run(
+        config, args.steps, args.decode_batch, args.decode_len, args.decode_repeats, args.data, args.pipeline_seconds
+    )
     print(table(results))
     if args.json:
         print(json.dumps(results))

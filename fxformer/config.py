@@ -266,8 +266,15 @@ def _check_data(config: ml_collections.ConfigDict, processes: int) -> None:
 def _check_model(model: ml_collections.ConfigDict, backend: str | None) -> None:
     """The model section: what the Transformer can be built with (and run on `backend`)."""
     d_k, d_v = head_widths(model)
-    sizes = {"num_layers": model.num_layers, "d_model": model.d_model, "d_ff": model.d_ff,
-             "num_heads": model.num_heads, "d_k": d_k, "d_v": d_v, "max_len": model.max_len}  # fmt: skip
+    sizes = {
+        "num_layers": model.num_layers,
+        "d_model": model.d_model,
+        "d_ff": model.d_ff,
+        "num_heads": model.num_heads,
+        "d_k": d_k,
+        "d_v": d_v,
+        "max_len": model.max_len,
+    }
     rates = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
     problems = [f"model.{f} must be positive, not {v}" for f, v in sizes.items() if v <= 0]
     problems += [f"model.{f} must be in [0, 1), not {model[f]}" for f in rates if not 0 <= model[f] < 1]

@@ -91,9 +91,15 @@ class SampleState(NamedTuple):
 
 
 def sample_search(
-    step: StepFn, cache, limit: Array, max_len: int, rng: Array | None = None, temperature: float = 1.0,
-    top_k: int = 0, grow: GrowFn | None = None,
-) -> tuple[Array, Array]:  # fmt: skip
+    step: StepFn,
+    cache,
+    limit: Array,
+    max_len: int,
+    rng: Array | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    grow: GrowFn | None = None,
+) -> tuple[Array, Array]:
     """Ancestral sampling (`rng` given: from softmax(log p / temperature), restricted to the
     `top_k` most probable tokens if > 0), or greedy search (`rng` None or temperature 0).
     `limit` [rows] is each row's maximum output length; `grow`: see `run_loop`. Returns
@@ -162,9 +168,16 @@ class BeamState(NamedTuple):
 
 
 def beam_search(
-    step: StepFn, cache, limit: Array, max_len: int, beam_size: int = 4, alpha: float = 0.6,
-    variant: str = "live", early_stop: bool = True, grow: GrowFn | None = None,
-) -> tuple[Array, Array]:  # fmt: skip
+    step: StepFn,
+    cache,
+    limit: Array,
+    max_len: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    variant: str = "live",
+    early_stop: bool = True,
+    grow: GrowFn | None = None,
+) -> tuple[Array, Array]:
     """Beam search with GNMT length penalty: (outputs [batch, beam, max_len], scores [batch, beam]), best first.
 
     `cache` has `batch * beam_size` rows (each example's repeated); `limit` [batch] is each

@@ -41,14 +41,25 @@ def scores(hypotheses: list[str], references: list[str]) -> dict:
     bleu, signature = inference.bleu(hypotheses, references)
     lowercased = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])
     chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
-    return {"bleu": bleu.score, "bleu_lc": lowercased.score, "chrf": chrf.score, "sacrebleu": str(bleu),
-            "signature": signature}  # fmt: skip
+    return {
+        "bleu": bleu.score,
+        "bleu_lc": lowercased.score,
+        "chrf": chrf.score,
+        "sacrebleu": str(bleu),
+        "signature": signature,
+    }
 
 
 def evaluate(
-    workdir: paths.PathLike, split: str = "test", step: int | str = "latest", average_last: int | None = None,
-    overrides=(), limit: int = 0, log=print, report=None,
-) -> dict:  # fmt: skip
+    workdir: paths.PathLike,
+    split: str = "test",
+    step: int | str = "latest",
+    average_last: int | None = None,
+    overrides=(),
+    limit: int = 0,
+    log=print,
+    report=None,
+) -> dict:
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split` (`step`, `average_last`:
     which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
     if given, is called before anything is written (so a disk that fills at the end loses no score)."""
@@ -131,8 +142,10 @@ def main() -> None:
         print(f"sacreBLEU signature: {r['signature']}", flush=True)
 
     r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
-    print(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-          f"{r.get('path', args.workdir)}")  # fmt: skip
+    print(
+        f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
+        f"{r.get('path', args.workdir)}"
+    )
 
 
 if __name__ == "__main__":

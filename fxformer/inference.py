@@ -54,9 +54,13 @@ class Restored:
 
 
 def restore(
-    workdir: paths.PathLike, step: int | Literal["latest", "best"] = "latest", average_last: int | None = None,
-    overrides=(), log=print, keep_average: bool = True,
-) -> Restored:  # fmt: skip
+    workdir: paths.PathLike,
+    step: int | Literal["latest", "best"] = "latest",
+    average_last: int | None = None,
+    overrides=(),
+    log=print,
+    keep_average: bool = True,
+) -> Restored:
     """A workdir's config, model, tokenizer and parameters, on the devices at hand. Only the
     parameters are read from a checkpoint, never the optimizer's state.
 
@@ -86,8 +90,9 @@ def restore(
     if step == "best":
         params, steps = best_params(workdir, abstract_params, log)
     else:
-        params, steps = checkpoint_params(workdir, step, average_last, abstract_params, log, keep_average,
-                                          config.checkpoint_every_steps)  # fmt: skip
+        params, steps = checkpoint_params(
+            workdir, step, average_last, abstract_params, log, keep_average, config.checkpoint_every_steps
+        )
     return Restored(config, model, tokenizer, params, steps, mesh)
 
 
@@ -107,7 +112,12 @@ def apart(steps: list[int], k: int, interval: int) -> tuple[list[int], list[int]
 
 
 def checkpoint_params(
-    workdir: paths.Workdir, step: int | Literal["latest"], k: int, abstract_params, log=print, keep_average=True,
+    workdir: paths.Workdir,
+    step: int | Literal["latest"],
+    k: int,
+    abstract_params,
+    log=print,
+    keep_average=True,
     checkpoint_every: int = 1,
 ) -> tuple[dict, list[int]]:
     """The parameters of the k training checkpoints that end at `step`, at least half the
@@ -124,8 +134,10 @@ def checkpoint_params(
         candidates = [s for s in saved if step == "latest" or s <= step]
         chosen, skipped = apart(candidates, k, checkpoint_every)
         if skipped:
-            log(f"averaging: skipped step(s) {', '.join(map(str, skipped))}: closer than half the checkpoint interval "
-                f"({checkpoint_every} steps) to a later checkpoint averaged")  # fmt: skip
+            log(
+                f"averaging: skipped step(s) {', '.join(map(str, skipped))}: closer than half the checkpoint interval "
+                f"({checkpoint_every} steps) to a later checkpoint averaged"
+            )
         if len(chosen) < k:
             log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
         if len(chosen) == 1:
@@ -308,9 +320,17 @@ def progress(done: int, total: int, start: float, what: str) -> None:
 
 
 def translate_examples(
-    translate, params, examples: list[dict], *, tokenizer: Tokenizer, batch_size: int, length: int, mesh,
-    what: str | None = None, seed: int = 0,
-) -> list[list[tuple[str, float]]]:  # fmt: skip
+    translate,
+    params,
+    examples: list[dict],
+    *,
+    tokenizer: Tokenizer,
+    batch_size: int,
+    length: int,
+    mesh,
+    what: str | None = None,
+    seed: int = 0,
+) -> list[list[tuple[str, float]]]:
     """The one place translations are assembled (search -> detokenize): every example's
     detokenized translations with their scores, best first, in order (`translate`: a
     `translator`); progress on stderr as `what` (None: quiet). Batches group sources of similar
@@ -343,10 +363,16 @@ def translate_sources(
     config's eval batch size. `fxformer.translate` and `fxformer.attention_maps` translate with it."""
     examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
     return translate_examples(
-        translator(run.model, run.mesh, run.decode), run.params, examples, tokenizer=run.tokenizer,
-        batch_size=batch_size or run.config.data.eval_batch_size, mesh=run.mesh, what=what, seed=run.decode.seed,
+        translator(run.model, run.mesh, run.decode),
+        run.params,
+        examples,
+        tokenizer=run.tokenizer,
+        batch_size=batch_size or run.config.data.eval_batch_size,
+        mesh=run.mesh,
+        what=what,
+        seed=run.decode.seed,
         length=source_length(examples, run.model, run.decode.max_extra, log),
-    )  # fmt: skip
+    )
 
 
 def source_length(examples: list[dict], model, max_extra: int, log=print) -> int:
@@ -368,8 +394,16 @@ class BestTranslations:
     """The best translation of each of `examples` under the search `options` describe (their
     `nbest` set aside), compiled once for their padded length."""
 
-    def __init__(self, model, mesh, options: DecodeOptions, examples: list[dict], tokenizer: Tokenizer,
-                 batch_size: int, log=print):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        mesh,
+        options: DecodeOptions,
+        examples: list[dict],
+        tokenizer: Tokenizer,
+        batch_size: int,
+        log=print,
+    ):
         self.options = dataclasses.replace(options, nbest=1)
         self.length = source_length(examples, model, self.options.max_extra, log)
         self.translate = translator(model, mesh, self.options)
@@ -377,9 +411,16 @@ class BestTranslations:
 
     def __call__(self, params, what: str | None = None) -> list[str]:
         translated = translate_examples(
-            self.translate, params, self.examples, tokenizer=self.tokenizer, batch_size=self.batch_size,
-            length=self.length, mesh=self.mesh, what=what, seed=self.options.seed,
-        )  # fmt: skip
+            self.translate,
+            params,
+            self.examples,
+            tokenizer=self.tokenizer,
+            batch_size=self.batch_size,
+            length=self.length,
+            mesh=self.mesh,
+            what=what,
+            seed=self.options.seed,
+        )
         return [nbest[0][0] for nbest in translated]
 
 

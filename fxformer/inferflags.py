@@ -16,8 +16,10 @@ def parser(description: str, module: str) -> argparse.ArgumentParser:
     """An ArgumentParser for `python -m <module>` with the shared flags."""
     p = cli.parser(description, module, config=False)
     choices = {"strategy": DecodeOptions.STRATEGIES, "beam_variant": DecodeOptions.BEAM_VARIANTS}
-    fields = [f"{f.name} ({', '.join(choices[f.name])})" if f.name in choices else f.name
-              for f in dataclasses.fields(DecodeOptions)]  # fmt: skip
+    fields = [
+        f"{f.name} ({', '.join(choices[f.name])})" if f.name in choices else f.name
+        for f in dataclasses.fields(DecodeOptions)
+    ]
     p.epilog = f"Change the search with --config.decode.<field>=<value>: {', '.join(fields)}."
     p.add_argument("--workdir", required=True, help="a training run directory")
     p.add_argument(

@@ -53,8 +53,21 @@ def table3(vocab_size: int = PAPER_VOCAB_SIZE, rows_file: str = TABLE3) -> str:
         count = count_parameters(m, vocab_size) / 1e6
         paper = rows.PAPER[row][2]
         diff = f"{100 * (count - paper) / paper:+.1f}" if paper else ""
-        cells = [row, m.num_layers, m.d_model, m.d_ff, m.num_heads, m.d_k, m.d_v, m.dropout_rate,
-                 c.label_smoothing, m.positional, f"{count:.1f}", paper or "", diff]  # fmt: skip
+        cells = [
+            row,
+            m.num_layers,
+            m.d_model,
+            m.d_ff,
+            m.num_heads,
+            m.d_k,
+            m.d_v,
+            m.dropout_rate,
+            c.label_smoothing,
+            m.positional,
+            f"{count:.1f}",
+            paper or "",
+            diff,
+        ]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     return "\n".join(lines)
 

@@ -39,8 +39,9 @@ def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:
         for name, lines in runs.items():
             points = [(m[x], m[key]) for m in lines if key in m and x in m]
             if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                        label=name)  # fmt: skip
+                ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name
+                )
         if log_scale:
             ax.set_yscale("log")
         ax.set_title(title)

@@ -304,13 +304,29 @@ class Loop:
         describe(config, workdir, state, model, tokenizer, rows, start_step, log)
         writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
         return cls(
-            config, workdir, log, stop, mesh, model, compile_train_step(config, model, tx, mesh),
-            inference.loss_step(model, config.label_smoothing, mesh), data_iterator, lengths, len(train_split),
-            dev_examples, dev_bleu, manager, state, start_step, writer,
+            config,
+            workdir,
+            log,
+            stop,
+            mesh,
+            model,
+            compile_train_step(config, model, tx, mesh),
+            inference.loss_step(model, config.label_smoothing, mesh),
+            data_iterator,
+            lengths,
+            len(train_split),
+            dev_examples,
+            dev_bleu,
+            manager,
+            state,
+            start_step,
+            writer,
             best=checkpoint.Best(workdir.best, config.best_metric, start_step),
             watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size),
-            progress=Progress(writer.last(), 60 * config.train_minutes), step=start_step, recorded=start_step == 0,
-        )  # fmt: skip
+            progress=Progress(writer.last(), 60 * config.train_minutes),
+            step=start_step,
+            recorded=start_step == 0,
+        )
 
     def run(self) -> None:
         """Train until the last step, a stop, or an error."""
@@ -345,8 +361,12 @@ class Loop:
         """What this step does besides training, agreed by every process."""
         minutes = self.config.checkpoint_every_minutes
         time_due = 0 < minutes <= (time.time() - self.last_save) / 60
-        due = what_is_due(self.config, self.step, agree(self.config, self.step, self.stop, self.progress,
-                                                        time_due=time_due), self.dev_bleu is not None)  # fmt: skip
+        due = what_is_due(
+            self.config,
+            self.step,
+            agree(self.config, self.step, self.stop, self.progress, time_due=time_due),
+            self.dev_bleu is not None,
+        )
         if due.log and not self.workdir.tokenizer.exists():  # the workdir was removed under the run
             raise FileNotFoundError(self.workdir.tokenizer)
         return due
@@ -357,8 +377,17 @@ class Loop:
         these offer the parameters as the best, and decide early stopping."""
         logged, steps = fetch(self.pending, self.watch, self.step, self.manager) if due.log else ({}, 0)
         if due.dev_loss:
-            logged.update(inference.dev_loss(self.jit_loss_step, self.state.params, self.dev_examples, self.config,
-                                             self.mesh, self.model.config.max_len, "dev_"))  # fmt: skip
+            logged.update(
+                inference.dev_loss(
+                    self.jit_loss_step,
+                    self.state.params,
+                    self.dev_examples,
+                    self.config,
+                    self.mesh,
+                    self.model.config.max_len,
+                    "dev_",
+                )
+            )
         if due.dev_bleu:
             logged["dev_bleu"] = self.dev_bleu(self.state.params)
         if due.dev_loss or due.dev_bleu:
@@ -420,9 +449,13 @@ class Loop:
 def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
     """`train_step` jitted over the mesh: the state replicated (and donated), the batch's rows split."""
     step = functools.partial(
-        train_step, model=model, tx=tx, schedule=optim.learning_rate_schedule(config),
-        label_smoothing=config.label_smoothing, accum=config.grad_accum_steps,
-    )  # fmt: skip
+        train_step,
+        model=model,
+        tx=tx,
+        schedule=optim.learning_rate_schedule(config),
+        label_smoothing=config.label_smoothing,
+        accum=config.grad_accum_steps,
+    )
     return jax.jit(
         step,
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
@@ -459,9 +492,16 @@ def describe(config, workdir: paths.Workdir, state, model, tokenizer, rows: int,
         f"{rows} rows x {config.data.max_length} tokens per step in {config.grad_accum_steps} micro-batch(es)"
     )
     if jax.process_index() == 0:
-        info = {"devices": jax.device_count(), "platform": jax.devices()[0].platform, "num_params": num_params,
-                "processes": jax.process_count(), "rows_per_step": rows, "max_length": config.data.max_length,
-                "tokens_per_batch": config.data.tokens_per_batch, "start_step": start_step}  # fmt: skip
+        info = {
+            "devices": jax.device_count(),
+            "platform": jax.devices()[0].platform,
+            "num_params": num_params,
+            "processes": jax.process_count(),
+            "rows_per_step": rows,
+            "max_length": config.data.max_length,
+            "tokens_per_batch": config.data.tokens_per_batch,
+            "start_step": start_step,
+        }
         paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")

@@ -56,12 +56,16 @@ def by_hand(config, params, inputs, targets):
     source = embedded(config, p, "encoder", inputs)
     target = embedded(config, p, "decoder", decoder_inputs)
     last = config.num_layers - 1
-    encoded = layer_norm(("encoder", "final_norm") if config.norm == "pre" else ("encoder", f"layer_{last}",
-                                                                                  "feed_forward_norm"))  # fmt: skip
+    encoded = layer_norm(
+        ("encoder", "final_norm") if config.norm == "pre" else ("encoder", f"layer_{last}", "feed_forward_norm")
+    )
     source_keys = inputs != PAD_ID  # [b, k]
     causal = np.tril(np.ones((targets.shape[1],) * 2, bool))
-    masks = {"encoder": source_keys[:, None, :], "decoder": (targets != PAD_ID)[:, None, :] & causal,
-             "cross": source_keys[:, None, :]}  # fmt: skip
+    masks = {
+        "encoder": source_keys[:, None, :],
+        "decoder": (targets != PAD_ID)[:, None, :] & causal,
+        "cross": source_keys[:, None, :],
+    }
     out = {kind: [] for kind in masks}
     for i in range(config.num_layers):
         layer = lambda side, name, i=i: layer_norm((side, f"layer_{i}", name))  # noqa: E731
@@ -121,8 +125,12 @@ def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(nam
     for kind in attention_maps.KINDS:
         assert got[kind].shape == want[kind].shape == (2, config.num_layers, config.num_heads, *want[kind].shape[3:])
         for b in range(2):
-            np.testing.assert_allclose(got[kind][b][:, :, real[kind][b]], want[kind][b][:, :, real[kind][b]],
-                                       atol=2e-6, err_msg=f"{name} {kind} row {b}")  # fmt: skip
+            np.testing.assert_allclose(
+                got[kind][b][:, :, real[kind][b]],
+                want[kind][b][:, :, real[kind][b]],
+                atol=2e-6,
+                err_msg=f"{name} {kind} row {b}",
+            )
 
 
 def test_rows_sum_to_one_and_masked_keys_get_exactly_zero():
@@ -130,8 +138,11 @@ def test_rows_sum_to_one_and_masked_keys_get_exactly_zero():
     got = jax.device_get(attention_maps.teacher_forced_weights(config, init(config), INPUTS, TARGETS))
     source_keys, target_keys = INPUTS != PAD_ID, TARGETS != PAD_ID
     future = np.triu(np.ones((TARGETS.shape[1],) * 2, bool), k=1)
-    for kind, queries, keys in (("encoder", source_keys, source_keys), ("decoder", target_keys, target_keys),
-                                ("cross", target_keys, source_keys)):  # fmt: skip
+    for kind, queries, keys in (
+        ("encoder", source_keys, source_keys),
+        ("decoder", target_keys, target_keys),
+        ("cross", target_keys, source_keys),
+    ):
         for b in range(2):
             w = got[kind][b][:, :, queries[b]]  # [N, h, real queries, k]
             np.testing.assert_allclose(w[..., keys[b]].sum(-1), 1.0, atol=1e-6)
@@ -149,10 +160,14 @@ def test_weights_do_not_change_with_the_batch_they_come_in():
     long_source = np.array([[10, 11, 12, 13, 14, 15, 16, 3]])
     long_target = np.array([[17, 18, 19, 20, 21, 3]])
     pad = lambda a, n: np.pad(a, ((0, 0), (0, n - a.shape[1])))  # noqa: E731
-    batch = jax.device_get(attention_maps.teacher_forced_weights(
-        config, params, np.concatenate([pad(short_source, 8), long_source]),
-        np.concatenate([pad(short_target, 6), long_target]),
-    ))  # fmt: skip
+    batch = jax.device_get(
+        attention_maps.teacher_forced_weights(
+            config,
+            params,
+            np.concatenate([pad(short_source, 8), long_source]),
+            np.concatenate([pad(short_target, 6), long_target]),
+        )
+    )
     s, t = short_source.shape[1], short_target.shape[1]
     shapes = {"encoder": (s, s), "decoder": (t, t), "cross": (t, s)}
     for kind, (q, k) in shapes.items():
@@ -183,8 +198,11 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
     s, t = len(w.source_tokens), len(w.target_tokens)
     L, h = run.model.config.num_layers, run.model.config.num_heads
     assert w.encoder.shape == (L, h, s, s) and w.decoder.shape == (L, h, t, t) and w.cross.shape == (L, h, t, s)
-    want = jax.device_get(attention_maps.teacher_forced_weights(run.model.config, run.params, np.array([source_ids]),
-                                                      np.array([run.tokenizer.encode(w.target)])))  # fmt: skip
+    want = jax.device_get(
+        attention_maps.teacher_forced_weights(
+            run.model.config, run.params, np.array([source_ids]), np.array([run.tokenizer.encode(w.target)])
+        )
+    )
     np.testing.assert_array_equal(w.cross, want["cross"][0])
     saved = json.loads(json.dumps(w.to_json()))
     assert saved["tokens"]["source"] == w.source_tokens
@@ -192,10 +210,12 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
 
     limit = run.model.config.max_len
     long = " ".join(["the dog"] * limit)
-    for source, target, words in ((long, "Der Hund.", f"at most {limit} (model.max_len {limit})"),
-                                  ("The dog.", long, "The target has"),
-                                  (" ", "Der Hund.", "The source sentence is empty"),
-                                  ("The dog.", "", "The target sentence is empty")):  # fmt: skip
+    for source, target, words in (
+        (long, "Der Hund.", f"at most {limit} (model.max_len {limit})"),
+        ("The dog.", long, "The target has"),
+        (" ", "Der Hund.", "The source sentence is empty"),
+        ("The dog.", "", "The target sentence is empty"),
+    ):
         with pytest.raises(UserError, match=None) as e:
             attention_maps.pair_weights(run, source, target)
         assert words in str(e.value) and str(e.value).count(". ") == 0, str(e.value)
@@ -203,8 +223,17 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
 
 def synthetic(encoder, decoder, cross, source=4, target=3):
     tokens = lambda n, end: [f"t{i}" for i in range(n - 1)] + [end]  # noqa: E731
-    return attention_maps.Weights("s", "t", False, tokens(source, "</s>"), ["<s>", *tokens(target, "x")[:-1]],
-                             tokens(target, "</s>"), encoder, decoder, cross)  # fmt: skip
+    return attention_maps.Weights(
+        "s",
+        "t",
+        False,
+        tokens(source, "</s>"),
+        ["<s>", *tokens(target, "x")[:-1]],
+        tokens(target, "</s>"),
+        encoder,
+        decoder,
+        cross,
+    )
 
 
 def test_summary_names_the_place_each_head_looks_and_its_entropy():
@@ -214,9 +243,11 @@ def test_summary_names_the_place_each_head_looks_and_its_entropy():
     uniform_causal = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
     end = np.zeros((t, s))
     end[:, -1] = 1.0
-    w = synthetic(np.stack([np.stack([previous, np.full((s, s), 1 / s)])]),
-                  np.stack([np.stack([uniform_causal, np.eye(t)])]),
-                  np.stack([np.stack([end, np.full((t, s), 1 / s)])]))  # fmt: skip
+    w = synthetic(
+        np.stack([np.stack([previous, np.full((s, s), 1 / s)])]),
+        np.stack([np.stack([uniform_causal, np.eye(t)])]),
+        np.stack([np.stack([end, np.full((t, s), 1 / s)])]),
+    )
     rows = {(r["kind"], r["head"]): r for r in attention_maps.head_summary(w)}
     assert rows["encoder", 1]["attends_most_to"] == "previous token" and rows["encoder", 1]["share"] == 0.75
     assert rows["encoder", 1]["entropy_bits"] == 0
@@ -246,8 +277,9 @@ def test_figures_reach_a_gs_workdir_as_urls(untrained, fake_bucket):
 
 
 def command(module, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True,
-                          text=True, input=stdin)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True, text=True, input=stdin
+    )
 
 
 def files_of(root):
@@ -265,8 +297,15 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
     for flags in ((), ("--config.decode.beam_size=2", "--config.decode.alpha=1.0")):
         translated = command("fxformer.translate", f"--workdir={workdir}", "--step=20", *flags, stdin=SOURCE + "\n")
         assert translated.returncode == 0, translated.stderr[-3000:]
-        result = command("fxformer.attention_maps", f"--workdir={workdir}", "--step=20", f"--source={SOURCE}", "--json",
-                         "--name=n", *flags)  # fmt: skip
+        result = command(
+            "fxformer.attention_maps",
+            f"--workdir={workdir}",
+            "--step=20",
+            f"--source={SOURCE}",
+            "--json",
+            "--name=n",
+            *flags,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"translation: {translated.stdout.strip()}\n" in result.stdout
     out = workdir / "attention" / "n"
@@ -277,8 +316,15 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
     assert "encoder-decoder attention" in result.stdout and "attends most to" in result.stdout
     for name in ("encoder.png", "decoder.png", "cross.png", "lines-encoder-layer1-all.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name
-    averaged = command("fxformer.attention_maps", f"--workdir={workdir}", "--average_last=2", f"--source={SOURCE}",
-                       "--target=Heute kauft die Frau ein Buch.", "--view=lines", "--head=2")  # fmt: skip
+    averaged = command(
+        "fxformer.attention_maps",
+        f"--workdir={workdir}",
+        "--average_last=2",
+        f"--source={SOURCE}",
+        "--target=Heute kauft die Frau ein Buch.",
+        "--view=lines",
+        "--head=2",
+    )
     assert averaged.returncode == 0, averaged.stderr[-3000:]
     assert (workdir / "attention" / "today-the-woman-buys-a-book-20-avg2" / "lines-encoder-layer1-head2.png").exists()
     after = files_of(workdir)
@@ -294,12 +340,14 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
     for name in ("config.json", "tokenizer.model"):
         shutil.copy(eight_device_workdir / name, empty / name)
     w = f"--workdir={eight_device_workdir}"
-    for args, words in (([f"--workdir={empty}", "--source=The dog."], "holds no checkpoint"),
-                        ([w, "--source= "], "The source sentence is empty"),
-                        ([w, "--source=" + "the dog " * 100], "wordpieces (with the end-of-sentence mark) but"),
-                        ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
-                        ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
-                        ([w, "--source=The dog.", "--name=../x"], "not a plain folder name")):  # fmt: skip
+    for args, words in (
+        ([f"--workdir={empty}", "--source=The dog."], "holds no checkpoint"),
+        ([w, "--source= "], "The source sentence is empty"),
+        ([w, "--source=" + "the dog " * 100], "wordpieces (with the end-of-sentence mark) but"),
+        ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
+        ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
+        ([w, "--source=The dog.", "--name=../x"], "not a plain folder name"),
+    ):
         with left_as_is(empty, eight_device_workdir):
             result = command("fxformer.attention_maps", *args)
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
@@ -315,13 +363,20 @@ def test_a_gs_workdir_gets_its_figures_in_the_bucket(eight_device_workdir, fake_
     (bucket / "checkpoints").mkdir(parents=True)
     shutil.copytree(eight_device_workdir / "checkpoints", tmp_path / "mirror" / "bucket" / "w" / "checkpoints")
     monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
-    monkeypatch.setattr(sys, "argv", ["attention", "--workdir=gs://bucket/w", "--step=20", f"--source={SOURCE}",
-                                      "--name=n", "--json"])  # fmt: skip
+    monkeypatch.setattr(
+        sys, "argv", ["attention", "--workdir=gs://bucket/w", "--step=20", f"--source={SOURCE}", "--name=n", "--json"]
+    )
     attention_maps.main()
     translated = capsys.readouterr().out.splitlines()[0].removeprefix("translation: ")
     written = {key.removeprefix("bucket/w/attention/n/") for key in FakeBucket.store if "/attention/" in key}
-    assert written == {"encoder.png", "decoder.png", "cross.png", "lines-encoder-layer1-all.png", "summary.json",
-                       "weights.json"}  # fmt: skip
+    assert written == {
+        "encoder.png",
+        "decoder.png",
+        "cross.png",
+        "lines-encoder-layer1-all.png",
+        "summary.json",
+        "weights.json",
+    }
     assert json.loads((bucket / "attention" / "n" / "weights.json").read_text())["target"] == translated
     assert fake_gcs == ["gs://bucket/w/checkpoints"] and not list(tmp_path.rglob("gs:*"))
 
@@ -337,4 +392,7 @@ def test_every_table3_row_gives_weights_of_its_layers_heads_and_lengths():
         got = jax.eval_shape(functools.partial(attention_maps.teacher_forced_weights, config), params, inputs, targets)
         n, h = config.num_layers, config.num_heads
         assert {kind: a.shape for kind, a in got.items()} == {
-            "encoder": (1, n, h, 7, 7), "decoder": (1, n, h, 5, 5), "cross": (1, n, h, 5, 7)}, row  # fmt: skip
+            "encoder": (1, n, h, 7, 7),
+            "decoder": (1, n, h, 5, 5),
+            "cross": (1, n, h, 5, 7),
+        }, row

@@ -19,8 +19,10 @@ def xla_train_flops(config) -> float:
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",), axis_types=(AxisType.Auto,))
     model, tx, abstract_state = trainstate.build(config, config.data.vocab_size, mesh)
     rows, length = 16, config.data.max_length
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=parallel.sharded_rows(mesh))
-             for k, v in bench.synthetic_batch(rows, length, config.data.vocab_size).items()}  # fmt: skip
+    batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=parallel.sharded_rows(mesh))
+        for k, v in bench.synthetic_batch(rows, length, config.data.vocab_size).items()
+    }
     compiled = train.compile_train_step(config, model, tx, mesh).lower(abstract_state, batch).compile()
     cost = compiled.cost_analysis()
     return (cost[0] if isinstance(cost, list) else cost)["flops"], model.config, rows, length
@@ -44,18 +46,36 @@ def test_the_analytic_flop_count_is_within_ten_percent_of_xla(overrides):
 
 @pytest.mark.slow
 def test_bench_prints_a_table_and_a_json_line(tmp_path):
-    command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", "--steps=2",
-               "--decode_batch=4", "--decode_len=8", "--decode_repeats=1", "--config.model.num_layers=1",
-               "--config.data.tokens_per_batch=1024", "--config.decode.max_extra=4"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "fxformer.bench",
+        "--config=configs/default.py",
+        "--json",
+        "--steps=2",
+        "--decode_batch=4",
+        "--decode_len=8",
+        "--decode_repeats=1",
+        "--config.model.num_layers=1",
+        "--config.data.tokens_per_batch=1024",
+        "--config.decode.max_extra=4",
+    ]
     result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    for key in ("train_tokens_per_s", "step_time_s", "flops_per_step", "mfu", "peak_memory_bytes",
-                "decode_sentences_per_s"):  # fmt: skip
+    for key in (
+        "train_tokens_per_s",
+        "step_time_s",
+        "flops_per_step",
+        "mfu",
+        "peak_memory_bytes",
+        "decode_sentences_per_s",
+    ):
         assert key in out, key
     assert out["mfu"] is None and out["platform"] == "cpu"  # no known peak for a CPU
     assert out["tokens_per_step"] == 16 * 64 and out["train_tokens_per_s"] == pytest.approx(
-        out["tokens_per_step"] / out["step_time_s"])  # fmt: skip
+        out["tokens_per_step"] / out["step_time_s"]
+    )
     assert out["flops_per_step"] == pytest.approx(out["xla_flops_per_step"], rel=0.10)
     assert out["decode_sentences_per_s"] > 0 and out["peak_memory_bytes"] > 0
     assert "target tokens/s" in result.stdout and "bench: train step 2/2" in result.stderr
@@ -63,10 +83,21 @@ def test_bench_prints_a_table_and_a_json_line(tmp_path):
 
 @pytest.mark.slow
 def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path, data_dir, corpus):
-    command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", "--steps=2",
-               "--data=real", "--pipeline_seconds=1", "--decode_batch=0", "--config.model.num_layers=1",
-               "--config.data.tokens_per_batch=1024", f"--config.data.tfds_data_dir={data_dir}",
-               *(f"--config.data.{k}={v}" for k, v in SMALL_DATA.items())]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "fxformer.bench",
+        "--config=configs/default.py",
+        "--json",
+        "--steps=2",
+        "--data=real",
+        "--pipeline_seconds=1",
+        "--decode_batch=0",
+        "--config.model.num_layers=1",
+        "--config.data.tokens_per_batch=1024",
+        f"--config.data.tfds_data_dir={data_dir}",
+        *(f"--config.data.{k}={v}" for k, v in SMALL_DATA.items()),
+    ]
     result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])

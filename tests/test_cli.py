@@ -71,7 +71,11 @@ def test_small_parameter_counts_keep_three_significant_figures():
 @pytest.mark.slow
 def test_translate_refuses_a_negative_batch_size_before_restoring(tmp_path):
     with left_as_is(tmp_path):
-        result = subprocess.run([sys.executable, "-m", "fxformer.translate", f"--workdir={tmp_path}",
-                                 "--batch_size=-4"], input="a line\n", capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "fxformer.translate", f"--workdir={tmp_path}", "--batch_size=-4"],
+            input="a line\n",
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --batch_size must be a number of sentences (0: the config's), not -4."

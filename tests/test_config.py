@@ -30,8 +30,9 @@ LINES = "The dog sees the man.\nToday the woman buys a book.\n"
 
 
 def run(module, *args, stdin=None):
-    result = subprocess.run([sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True,
-                            text=True, input=stdin)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True, text=True, input=stdin
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -70,11 +71,21 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
     changes = config.config_changes(early, upgraded)
     added = {key: new for key, (old, new) in changes.items() if old is None}
     assert set(added) == {
-        "decode", "dev_bleu_every_steps", "dev_bleu_sentences", "best_metric", "early_stopping_patience",
-        "train_minutes", "divergence_factor", "model.attention_impl", "data.validation_source_file",
-        "data.validation_target_file", "data.test_source_file", "data.test_target_file", "data.workers",
+        "decode",
+        "dev_bleu_every_steps",
+        "dev_bleu_sentences",
+        "best_metric",
+        "early_stopping_patience",
+        "train_minutes",
+        "divergence_factor",
+        "model.attention_impl",
+        "data.validation_source_file",
+        "data.validation_target_file",
+        "data.test_source_file",
+        "data.test_target_file",
+        "data.workers",
         "data.device_prefetch",
-    }  # fmt: skip
+    }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
         assert added[key] == (defaults[section] if section else defaults)[leaf], key
@@ -87,7 +98,8 @@ def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_si
     written = fixture("config-issue21.json")
     since = {"workers": 0, "device_prefetch": 0}  # issue 36's input pipeline
     assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == {
-        **written, "data": {**written["data"], **since}
+        **written,
+        "data": {**written["data"], **since},
     }
 
 

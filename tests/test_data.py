@@ -261,10 +261,18 @@ def test_own_parallel_text_files(tmp_path):
 def test_missing_data_is_one_sentence(tmp_path):
     with left_as_is(tmp_path):
         result = subprocess.run(
-            [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", "--config.data.dataset=text",
-             f"--config.data.source_file={tmp_path}/nope.en", f"--config.data.target_file={tmp_path}/nope.de"],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "fxformer.data",
+                "--config=configs/default.py",
+                "--config.data.dataset=text",
+                f"--config.data.source_file={tmp_path}/nope.en",
+                f"--config.data.target_file={tmp_path}/nope.de",
+            ],
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"error: data.source_file '{tmp_path}/nope.en' does not exist."
 

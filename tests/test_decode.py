@@ -279,8 +279,9 @@ def teacher_forced_logprob(params, inputs, outputs, config=TINY):
     return np.array([sum(log_probs[i, t, y[t]] for t in range(len(y))) for i, y in enumerate(outputs)])
 
 
-OPTIONS = DecodeOptions(strategy="beam", beam_size=4, alpha=0.6, beam_variant="live", max_extra=2, nbest=4,
-                        temperature=1.0, top_k=0, seed=0)  # fmt: skip
+OPTIONS = DecodeOptions(
+    strategy="beam", beam_size=4, alpha=0.6, beam_variant="live", max_extra=2, nbest=4, temperature=1.0, top_k=0, seed=0
+)
 
 
 @pytest.mark.slow  # compiles the model several times

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(not _namespaces(), reason="needs `unshare -rm` (
 
 def in_namespace(script: str) -> subprocess.CompletedProcess:
     """Run a bash script in a private mount namespace, where it may mount a tmpfs."""
-    return subprocess.run(["unshare", "-rm", "bash", "-c", script], env=env_with_devices(1),
-                          capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-rm", "bash", "-c", script], env=env_with_devices(1), capture_output=True, text=True
+    )
 
 
 def kib_used(directory) -> int:

@@ -67,10 +67,20 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     assert (workdir / "eval" / "test-20-avg2.ref.txt").read_text().splitlines() == raw
     # sacreBLEU's own command on the files evaluate wrote
     cli = subprocess.run(
-        [sys.executable, "-m", "sacrebleu", str(workdir / "eval" / "test-20-avg2.ref.txt"), "-i",
-         str(workdir / "eval" / "test-20-avg2.hyp.txt"), "-b", "-w", "6"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sacrebleu",
+            str(workdir / "eval" / "test-20-avg2.ref.txt"),
+            "-i",
+            str(workdir / "eval" / "test-20-avg2.hyp.txt"),
+            "-b",
+            "-w",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0, cli.stderr
     assert float(cli.stdout.strip()) == pytest.approx(written["bleu"], abs=1e-6)
     assert f"BLEU {written['bleu']:.2f}" in result.stdout

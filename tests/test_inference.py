@@ -15,8 +15,9 @@ LINES = "The dog sees the man.\nToday the woman buys a book.\n\nThe children are
 
 
 def run(module, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True,
-                          text=True, input=stdin)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env_with_devices(1), capture_output=True, text=True, input=stdin
+    )
 
 
 def translate(workdir, *flags):
@@ -52,10 +53,12 @@ def test_sampling_with_a_seed_repeats_and_another_seed_differs(eight_device_work
 
 @pytest.mark.slow
 def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(eight_device_workdir):
-    for flag, words in (("--config.model.d_model=8", "fixed by the trained run"),
-                        ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
-                        ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
-                        ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'")):  # fmt: skip
+    for flag, words in (
+        ("--config.model.d_model=8", "fixed by the trained run"),
+        ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
+        ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
+        ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'"),
+    ):
         with left_as_is(eight_device_workdir):
             result = run("fxformer.translate", f"--workdir={eight_device_workdir}", flag, stdin=LINES)
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
@@ -75,10 +78,15 @@ def test_hypotheses_file_is_scored_as_sacrebleu_scores_it(eight_device_workdir, 
     assert hyps.exists()
     scored = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}", "--limit=30")
     assert scored.returncode == 0, scored.stderr[-3000:]
-    bleu, lowercased, chrf = (subprocess.run([sys.executable, "-m", "sacrebleu", str(refs), "-i", str(edited), "-m",
-                                              metric, "-b", "-w", "2", *flags], capture_output=True, text=True,
-                                             check=True).stdout.strip()
-                              for metric, flags in (("bleu", []), ("bleu", ["-lc"]), ("chrf", [])))  # fmt: skip
+    bleu, lowercased, chrf = (
+        subprocess.run(
+            [sys.executable, "-m", "sacrebleu", str(refs), "-i", str(edited), "-m", metric, "-b", "-w", "2", *flags],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for metric, flags in (("bleu", []), ("bleu", ["-lc"]), ("chrf", []))
+    )
     assert f"BLEU {bleu} (lowercased {lowercased}), chrF {chrf}" in scored.stdout and 20 < float(bleu) < 90
     with left_as_is(eight_device_workdir):
         short = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", f"--hypotheses={edited}")

@@ -46,10 +46,18 @@ def check_golden(name: str, text: str) -> None:
 @pytest.mark.slow
 def test_tpu_dry_run_matches_golden_file():
     result = experiments(
-        "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--evaluate",
-        "--eval_flags=--split=validation", "--dry-run", "--",
-        "--config=configs/base.py", "--workdir=gs://bucket/runs/base",
-    )  # fmt: skip
+        "launch",
+        "--backend=tpu",
+        "--tpu=my-v4-32",
+        "--zone=us-central2-b",
+        "--workers=4",
+        "--evaluate",
+        "--eval_flags=--split=validation",
+        "--dry-run",
+        "--",
+        "--config=configs/base.py",
+        "--workdir=gs://bucket/runs/base",
+    )
     assert result.returncode == 0, result.stderr
     text = result.stdout.replace(head_commit(), "<commit>")
     check_golden("launch_tpu_4_workers.txt", text)
@@ -68,9 +76,15 @@ def test_tpu_dry_run_matches_golden_file():
 @pytest.mark.slow
 def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
     result = experiments(
-        "launch", "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--dry-run", "--",
-        "--config=configs/base.py", "--workdir=gs://bucket/runs/base",
-    )  # fmt: skip
+        "launch",
+        "--backend=tpu",
+        "--tpu=my-v4-32",
+        "--zone=us-central2-b",
+        "--dry-run",
+        "--",
+        "--config=configs/base.py",
+        "--workdir=gs://bucket/runs/base",
+    )
     assert result.returncode == 0, result.stderr
     assert "gcloud compute tpus tpu-vm describe my-v4-32" in result.stdout
     assert "--worker=$i" in result.stdout and "gs://bucket/runs/base" in result.stdout
@@ -79,9 +93,18 @@ def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
 @pytest.mark.slow
 def test_slurm_dry_run_matches_golden_file():
     result = experiments(
-        "launch", "--backend=slurm", "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--partition=gpu",
-        "--evaluate", "--dry-run", "--", "--config=configs/base.py", "--workdir=/shared/runs/base",
-    )  # fmt: skip
+        "launch",
+        "--backend=slurm",
+        "--nodes=2",
+        "--gpus_per_node=8",
+        "--time=24:00:00",
+        "--partition=gpu",
+        "--evaluate",
+        "--dry-run",
+        "--",
+        "--config=configs/base.py",
+        "--workdir=/shared/runs/base",
+    )
     assert result.returncode == 0, result.stderr
     check_golden("launch_slurm_2x8.txt", result.stdout)
     assert "srun " in result.stdout and "--requeue" in result.stdout and "scontrol requeue" in result.stdout
@@ -132,10 +155,19 @@ def test_distributed_under_slurm_without_srun_is_refused(tmp_path, data_dir):
     workdir = tmp_path / "w"
     with left_as_is(workdir):
         result = subprocess.run(
-            [sys.executable, "-m", "fxformer.train", "--config=configs/default.py", f"--workdir={workdir}",
-             "--distributed"],
-            cwd=REPO, env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "fxformer.train",
+                "--config=configs/default.py",
+                f"--workdir={workdir}",
+                "--distributed",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
     assert "started by srun" in result.stderr and "Traceback" not in result.stderr
 
@@ -144,12 +176,22 @@ def local_launch(workdir, data_dir, *launcher_flags, **overrides):
     """`experiments launch --backend=local --processes=2` of the tiny config, as a running process."""
     flags = {**TINY, "data.tfds_data_dir": str(data_dir), "data.num_shards": 2, **overrides}
     argv = [
-        sys.executable, "-m", "experiments", "launch", "--backend=local", "--processes=2", "--grace_s=60",
-        *launcher_flags, "--", "--config=configs/default.py", f"--workdir={workdir}",
+        sys.executable,
+        "-m",
+        "experiments",
+        "launch",
+        "--backend=local",
+        "--processes=2",
+        "--grace_s=60",
+        *launcher_flags,
+        "--",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
         *(f"--config.{k}={v}" for k, v in flags.items()),
-    ]  # fmt: skip
-    return subprocess.Popen(argv, cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    ]
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def sigterm_one_process_after(workdir, process, steps):
@@ -194,8 +236,14 @@ def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data
 def local_launch_args(workdir, data_dir, **overrides) -> list[str]:
     """`experiments launch --backend=local` (one process) of the tiny config, with its logs in W/logs."""
     flags = {**TINY, "data.tfds_data_dir": str(data_dir), **overrides}
-    return ["launch", "--backend=local", "--", "--config=configs/default.py", f"--workdir={workdir}",
-            *(f"--config.{k}={v}" for k, v in flags.items())]  # fmt: skip
+    return [
+        "launch",
+        "--backend=local",
+        "--",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]
 
 
 @pytest.mark.slow
@@ -208,8 +256,10 @@ def test_a_refused_local_launch_writes_nothing_into_the_workdir(tmp_path, data_d
         return experiments(*local_launch_args(workdir, data_dir, **overrides), env=env_with_devices(1))
 
     fresh = tmp_path / "fresh"
-    for overrides, words in (({"model.num_heads": 0}, "model.num_heads must be positive"),
-                             ({"data.max_length": 3}, "keeps none of")):  # fmt: skip
+    for overrides, words in (
+        ({"model.num_heads": 0}, "model.num_heads must be positive"),
+        ({"data.max_length": 3}, "keeps none of"),
+    ):
         with left_as_is(fresh):
             refused = launch(fresh, **overrides)
         assert refused.returncode == exitcodes.USER_ERROR, refused.stdout[-2000:] + refused.stderr[-2000:]

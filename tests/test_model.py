@@ -124,12 +124,15 @@ def test_packed_row_equals_each_sequence_alone():
     inputs = np.array([src1 + src2 + [0]])
     targets = np.array([tgt1 + tgt2 + [0]])
     packed = logits_of(
-        TINY, params, inputs, targets,
+        TINY,
+        params,
+        inputs,
+        targets,
         inputs_segmentation=jnp.array([[1] * 4 + [2] * 3 + [0]]),
         targets_segmentation=jnp.array([[1] * 3 + [2] * 5 + [0]]),
         inputs_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
         targets_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 0]]),
-    )  # fmt: skip
+    )
     alone1 = logits_of(TINY, params, np.array([src1]), np.array([tgt1]))
     alone2 = logits_of(TINY, params, np.array([src2]), np.array([tgt2]))
     np.testing.assert_allclose(packed[0, :3], alone1[0], atol=1e-5)

@@ -50,19 +50,30 @@ def test_the_config_finds_the_files_under_the_folder_and_names_a_missing_one(mul
         configfile.load_config(f"configs/multi30k.py:{tmp_path}")
 
 
-TINY = ["--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
-        "--config.model.num_heads=2", "--config.data.vocab_size=120", "--config.data.tokens_per_batch=512",
-        "--config.num_train_steps=6", "--config.checkpoint_every_steps=3", "--config.eval_every_steps=3",
-        "--config.dev_bleu_every_steps=6", "--config.log_every_steps=3", "--config.warmup_steps=3",
-        "--config.decode.max_extra=8"]  # fmt: skip
+TINY = [
+    "--config.model.num_layers=1",
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.data.vocab_size=120",
+    "--config.data.tokens_per_batch=512",
+    "--config.num_train_steps=6",
+    "--config.checkpoint_every_steps=3",
+    "--config.eval_every_steps=3",
+    "--config.dev_bleu_every_steps=6",
+    "--config.log_every_steps=3",
+    "--config.warmup_steps=3",
+    "--config.decode.max_extra=8",
+]
 
 
 @pytest.mark.slow
 def test_prepare_train_and_evaluate_on_test2016(multi30k_folder, tmp_path):
     config = f"--config=configs/multi30k.py:{multi30k_folder}"
     data_dir = f"--config.data.tfds_data_dir={tmp_path / 'tfds'}"
-    run = lambda *argv: subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True,
-                                       text=True)  # fmt: skip
+    run = lambda *argv: subprocess.run(
+        [sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True
+    )
     prepared = run("fxformer.data", config, data_dir, *TINY)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     assert "| train | 400 |" in prepared.stdout and "| test | 20 |" in prepared.stdout
@@ -72,8 +83,14 @@ def test_prepare_train_and_evaluate_on_test2016(multi30k_folder, tmp_path):
     dev = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [d["step"] for d in dev if "dev_bleu" in d] == [6]  # dev BLEU on val during training
     assert (workdir / "best").exists()  # the best by dev BLEU, the recipe's best_metric
-    evaluated = run("fxformer.evaluate", f"--workdir={workdir}", "--split=test", "--average_last=2",
-                    "--config.decode.beam_size=2", "--config.decode.alpha=1.0")  # fmt: skip
+    evaluated = run(
+        "fxformer.evaluate",
+        f"--workdir={workdir}",
+        "--split=test",
+        "--average_last=2",
+        "--config.decode.beam_size=2",
+        "--config.decode.alpha=1.0",
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     result = json.loads((workdir / "eval" / "test-6-avg2.json").read_text())
     assert result["checkpoint_steps"] == [3, 6] and result["num_sentences"] == 20

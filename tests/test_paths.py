@@ -39,9 +39,12 @@ def test_paths_keep_urls_and_expand_home():
     assert not str(paths.as_path("~/runs")).startswith("~")
     run = paths.Workdir("gs://b/r")
     assert [str(p) for p in (run.config, run.tokenizer, run.checkpoints, run.averaged(5), run.eval)] == [
-        "gs://b/r/config.json", "gs://b/r/tokenizer.model", "gs://b/r/checkpoints", "gs://b/r/averaged/last5",
+        "gs://b/r/config.json",
+        "gs://b/r/tokenizer.model",
+        "gs://b/r/checkpoints",
+        "gs://b/r/averaged/last5",
         "gs://b/r/eval",
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.slow  # trains and evaluates in-process
@@ -51,11 +54,21 @@ def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypat
     train.train_and_evaluate(config, "gs://bucket/runs/tiny", log=lambda *a, **k: None)
     results = evaluate.evaluate("gs://bucket/runs/tiny", split="test", limit=8, average_last=2, log=lambda *a: None)
 
-    assert fake_gcs == ["gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/best",
-                        "gs://bucket/runs/tiny/checkpoints", "gs://bucket/runs/tiny/averaged/last2"]  # fmt: skip
+    assert fake_gcs == [
+        "gs://bucket/runs/tiny/checkpoints",
+        "gs://bucket/runs/tiny/best",
+        "gs://bucket/runs/tiny/checkpoints",
+        "gs://bucket/runs/tiny/averaged/last2",
+    ]
     files = set(FakeBucket.store)
-    for name in ("config.json", "tokenizer.model", "metrics.jsonl", "eval/test-4-avg2-first8.json",
-                 "eval/test-4-avg2-first8.hyp.txt", "eval/test-4-avg2-first8.ref.txt"):  # fmt: skip
+    for name in (
+        "config.json",
+        "tokenizer.model",
+        "metrics.jsonl",
+        "eval/test-4-avg2-first8.json",
+        "eval/test-4-avg2-first8.hyp.txt",
+        "eval/test-4-avg2-first8.ref.txt",
+    ):
         assert f"bucket/runs/tiny/{name}" in files, name
     bucket = epath.Path("gs://bucket/runs/tiny")
     assert json.loads((bucket / "config.json").read_text())["num_train_steps"] == 4

@@ -240,9 +240,19 @@ def fake_workdir(workdir: Path, config: dict, curve: dict[int, float], test, ble
     for split, figures, n in (("validation", (curve[total], bleu), 500), ("test", test, 1000)):
         if figures is None:
             continue
-        result = {"bleu": figures[1], "chrf": 70.0, "signature": SIGNATURE, "ppl": figures[0], "num_sentences": n,
-                  "split": split, "checkpoint_steps": [total], "beam_size": 4, "alpha": 0.6, "num_params": 411904,
-                  "devices": 1}  # fmt: skip
+        result = {
+            "bleu": figures[1],
+            "chrf": 70.0,
+            "signature": SIGNATURE,
+            "ppl": figures[0],
+            "num_sentences": n,
+            "split": split,
+            "checkpoint_steps": [total],
+            "beam_size": 4,
+            "alpha": 0.6,
+            "num_params": 411904,
+            "devices": 1,
+        }
         (workdir / "eval" / f"{split}-{total}.json").write_text(json.dumps(result))
 
 
@@ -377,8 +387,16 @@ def test_seeds_change_the_data_order_init_and_dropout_and_the_same_seed_repeats(
 def replicated(tmp_path_factory, data_dir):
     """base and B1 of the smoke profile with 2 seeds each, one run at a time: (root, output)."""
     root = tmp_path_factory.mktemp("replicated") / "t3"
-    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=base,B1", "--seeds=2",
-                         "--backend=local", data_dir=data_dir)  # fmt: skip
+    result = experiments(
+        "run",
+        "table3",
+        f"--root={root}",
+        "--profile=smoke",
+        "--only=base,B1",
+        "--seeds=2",
+        "--backend=local",
+        data_dir=data_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root, result
 
@@ -404,8 +422,9 @@ def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
 def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
     root, _ = replicated
     other = tmp_path / "t3"
-    result = experiments("run", "table3", f"--root={other}", "--profile=smoke", "--only=B1", "--seeds=2",
-                         data_dir=data_dir)  # fmt: skip
+    result = experiments(
+        "run", "table3", f"--root={other}", "--profile=smoke", "--only=B1", "--seeds=2", data_dir=data_dir
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert losses(other / "B1.s1") == losses(root / "B1.s1") and losses(other / "B1") == losses(root / "B1")
 
@@ -413,8 +432,9 @@ def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_pat
 @pytest.mark.slow
 def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replicated, tmp_path, data_dir):
     root = tmp_path / "t3"
-    argv = sweep_command("run", "table3", f"--root={root}", "--profile=smoke", "--only=B1", "--seeds=2",
-                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    argv = sweep_command(
+        "run", "table3", f"--root={root}", "--profile=smoke", "--only=B1", "--seeds=2", data_dir=data_dir, extra=LONGER
+    )
     checkpoints = root / "B1.s1" / "checkpoints"
     launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, stdout=subprocess.DEVNULL)
     launcher.send_signal(signal.SIGTERM)
@@ -433,8 +453,16 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
 def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_path, data_dir):
     root, _ = replicated
     side = tmp_path / "t3"
-    result = experiments("run", "table3", f"--root={side}", "--profile=smoke", "--only=base,B1", "--seeds=2",
-                         "--parallel=2", data_dir=data_dir)  # fmt: skip
+    result = experiments(
+        "run",
+        "table3",
+        f"--root={side}",
+        "--profile=smoke",
+        "--only=base,B1",
+        "--seeds=2",
+        "--parallel=2",
+        data_dir=data_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for name in ("base", "base.s1", "B1", "B1.s1"):
         assert losses(side / name) == losses(root / name), name
@@ -451,9 +479,20 @@ def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_pat
 
 
 def test_tpu_dry_run_of_a_replicated_row_matches_golden_file(fake_bucket, capsys):
-    status = experiments_main.main(["run", "table3", "--root=gs://bucket/table3", "--only=B1", "--seeds=2",
-                                    "--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4",
-                                    "--dry-run"])  # fmt: skip
+    status = experiments_main.main(
+        [
+            "run",
+            "table3",
+            "--root=gs://bucket/table3",
+            "--only=B1",
+            "--seeds=2",
+            "--backend=tpu",
+            "--tpu=my-v4-32",
+            "--zone=us-central2-b",
+            "--workers=4",
+            "--dry-run",
+        ]
+    )
     out = capsys.readouterr()
     assert status == 0, out.err
     text = out.out.replace(head_commit(), "<commit>")
@@ -465,8 +504,18 @@ def test_tpu_dry_run_of_a_replicated_row_matches_golden_file(fake_bucket, capsys
 
 @pytest.mark.slow
 def test_slurm_dry_run_of_a_replicated_row_matches_golden_file():
-    result = experiments("run", "table3", "--root=/shared/table3", "--only=B1", "--seeds=2", "--backend=slurm",
-                         "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--dry-run")  # fmt: skip
+    result = experiments(
+        "run",
+        "table3",
+        "--root=/shared/table3",
+        "--only=B1",
+        "--seeds=2",
+        "--backend=slurm",
+        "--nodes=2",
+        "--gpus_per_node=8",
+        "--time=24:00:00",
+        "--dry-run",
+    )
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_seeds2_slurm.txt", result.stdout)
     assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=/shared/table3/B1.s1" in result.stdout

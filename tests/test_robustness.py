@@ -21,12 +21,16 @@ def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_pat
 
     workdir = tmp_path / "w"
     with left_as_is(workdir):
-        bad = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
-                             capture_output=True, text=True)  # fmt: skip
+        bad = subprocess.run(
+            train_command(workdir, data_dir, **{"model.d_model": 33, "num_train_steps": 2}),
+            capture_output=True,
+            text=True,
+        )
     assert bad.returncode == exitcodes.USER_ERROR and "error: model.d_model" in bad.stderr and "33" in bad.stderr
     assert not (workdir / "config.json").exists()
-    good = subprocess.run(train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}),
-                          capture_output=True, text=True)  # fmt: skip
+    good = subprocess.run(
+        train_command(workdir, data_dir, **{"model.d_model": 32, "num_train_steps": 2}), capture_output=True, text=True
+    )
     assert good.returncode == 0, good.stderr[-2000:]
 
 
@@ -38,8 +42,11 @@ def test_params_counts_with_the_configs_vocabulary():
     from fxformer.params import count_parameters
 
     config = configfile.load_config("configs/default.py")
-    out = subprocess.run([sys.executable, "-m", "fxformer.params", "--config=configs/default.py",
-                          "--config.data.vocab_size=8000"], capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "fxformer.params", "--config=configs/default.py", "--config.data.vocab_size=8000"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     expected = count_parameters(config.model, 8000)
     assert f"{expected:,} parameters" in out.stdout and "8,000-token" in out.stdout
@@ -72,8 +79,13 @@ def test_translate_splits_on_newlines_only_and_keeps_blank_lines(eight_device_wo
 
     many = tmp_path / "many.txt"
     many.write_text("The dog sees the man.\n" * 200)
-    pipe = subprocess.run(f"{' '.join(command)} --input={many} | head -1", shell=True, capture_output=True, text=True,
-                          env=env_with_devices(1))  # fmt: skip
+    pipe = subprocess.run(
+        f"{' '.join(command)} --input={many} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=env_with_devices(1),
+    )
     assert len(pipe.stdout.splitlines()) == 1 and "Traceback" not in pipe.stderr and "Broken pipe" not in pipe.stderr
 
 
@@ -111,18 +123,25 @@ def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_i
     run_train(workdir, data_dir, num_train_steps=20, checkpoint_every_steps=5, keep_checkpoints=2)
     good = final_params(workdir)
     result = subprocess.run(
-        train_command(workdir, data_dir, num_train_steps=60, checkpoint_every_steps=5, keep_checkpoints=2,
-                      learning_rate_scale=1e6),
-        env=env_with_devices(1), capture_output=True, text=True,
-    )  # fmt: skip
+        train_command(
+            workdir, data_dir, num_train_steps=60, checkpoint_every_steps=5, keep_checkpoints=2, learning_rate_scale=1e6
+        ),
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr
     assert "The training loss exploded to" in result.stderr or "non-finite" in result.stderr
     assert "the last good checkpoint (step 20) is intact" in result.stderr
     assert 20 in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     after = final_params(workdir)
     assert all((good[k] == after[k]).all() for k in good)
-    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20",
-                                "--limit=5"], env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20", "--limit=5"],
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 
@@ -141,8 +160,12 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
     shutil.copy(tokenizer_for(other.data, corpora.prepare(other.data)).path, workdir / "tokenizer.model")
     for command in ("fxformer.evaluate", "fxformer.train"):
         with left_as_is(workdir):
-            result = subprocess.run([sys.executable, "-m", command, f"--workdir={workdir}"],
-                                    env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+            result = subprocess.run(
+                [sys.executable, "-m", command, f"--workdir={workdir}"],
+                env=env_with_devices(1),
+                capture_output=True,
+                text=True,
+            )
         assert result.returncode == exitcodes.USER_ERROR, result.stderr[-2000:]
         assert "holds a different model" in result.stderr and "400 x 32 in the checkpoint vs 300 x 32" in result.stderr
         assert "delete" not in result.stderr and "Traceback" not in result.stderr
@@ -209,8 +232,15 @@ def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(
     assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == [4, 8, 12, 13], saved
-    evaluate = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--average_last=3", "--limit=8",
-                "--config.decode.strategy=greedy"]  # fmt: skip
+    evaluate = [
+        sys.executable,
+        "-m",
+        "fxformer.evaluate",
+        f"--workdir={workdir}",
+        "--average_last=3",
+        "--limit=8",
+        "--config.decode.strategy=greedy",
+    ]
     result = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     steps = json.loads(next((workdir / "eval").glob("test-*.json")).read_text())["checkpoint_steps"]
@@ -226,8 +256,9 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
 
     def run(*argv):
         with left_as_is(tmp_path):
-            result = subprocess.run([sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True,
-                                    text=True)  # fmt: skip
+            result = subprocess.run(
+                [sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True
+            )
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr[-2000:]
         return result.stderr.strip()
 
@@ -262,11 +293,16 @@ def test_plot_writes_learning_curves(tmp_path):
     for name, scale in (("a", 1.0), ("b", 2.0)):
         w = tmp_path / name
         w.mkdir()
-        lines = [{"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9 / s} if s % 2 else {})}
-                 for s in range(1, 11)]  # fmt: skip
+        lines = [
+            {"step": s, "loss": scale * 5 / s, "learning_rate": 1e-3 * s, **({"dev_ppl": 9 / s} if s % 2 else {})}
+            for s in range(1, 11)
+        ]
         (w / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
-    result = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}",
-                             f"--workdir={tmp_path / 'b'}"], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}", f"--workdir={tmp_path / 'b'}"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     png = (tmp_path / "a" / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
@@ -274,8 +310,11 @@ def test_plot_writes_learning_curves(tmp_path):
     (tmp_path / "c").mkdir()
     lines = [{"step": s, "loss": 5 / s, "learning_rate": 1e-3, "tokens_seen": 100 * s, "dev_bleu": s} for s in (1, 2)]
     (tmp_path / "c" / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in lines))
-    by_tokens = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'c'}",
-                                "--x=tokens_seen"], capture_output=True, text=True)  # fmt: skip
+    by_tokens = subprocess.run(
+        [sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'c'}", "--x=tokens_seen"],
+        capture_output=True,
+        text=True,
+    )
     assert by_tokens.returncode == 0, by_tokens.stderr
     assert width((tmp_path / "c" / "curves.png").read_bytes()) == width(png)  # loss, dev BLEU, lr: 3 panels as well
     one = {"step": 1, "loss": 1.0, "learning_rate": 1.0, "dev_ppl": 2.0, "dev_bleu": 1.0}
@@ -283,8 +322,9 @@ def test_plot_writes_learning_curves(tmp_path):
     subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'a'}"], check=True)
     assert width((tmp_path / "a" / "curves.png").read_bytes()) == width(png) * 4 // 3  # a fourth panel: dev BLEU
     with left_as_is(tmp_path):
-        empty = subprocess.run([sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"],
-                               capture_output=True, text=True)  # fmt: skip
+        empty = subprocess.run(
+            [sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"], capture_output=True, text=True
+        )
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
 
 
@@ -315,8 +355,7 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     from conftest import env_with_devices, run_train
 
     workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10,
-              keep_checkpoints=1)  # fmt: skip
+    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10, keep_checkpoints=1)
     dev = logged(workdir, "dev_ppl")
     best_step = min(dev, key=dev.get)
     assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
@@ -327,8 +366,12 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     assert written["checkpoint_steps"] == [best_step]
     assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
     with left_as_is(workdir):
-        bad = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
-                             env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        bad = subprocess.run(
+            [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
     assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
 
 
@@ -351,21 +394,42 @@ def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir
             path = tmp_path / f"{name}.{lang}"
             path.write_text("".join(line + "\n" for line in lines))
             files[(split, lang)] = path
-    data = {"dataset": "text", "source_file": files["train", "en"], "target_file": files["train", "de"],
-            "validation_source_file": files["validation", "en"], "validation_target_file": files["validation", "de"],
-            "test_source_file": files["test", "en"], "test_target_file": files["test", "de"],
-            "tfds_data_dir": tmp_path / "tfds"}  # fmt: skip
+    data = {
+        "dataset": "text",
+        "source_file": files["train", "en"],
+        "target_file": files["train", "de"],
+        "validation_source_file": files["validation", "en"],
+        "validation_target_file": files["validation", "de"],
+        "test_source_file": files["test", "en"],
+        "test_target_file": files["test", "de"],
+        "tfds_data_dir": tmp_path / "tfds",
+    }
     flags = [f"--config.{k}={v}" for k, v in TINY.items() if not k.startswith("data.num_")]
     flags += [f"--config.data.{k}={v}" for k, v in data.items()]
     workdir = tmp_path / "w"
-    train_run = subprocess.run([sys.executable, "-m", "fxformer.train", "--config=configs/default.py",
-                                f"--workdir={workdir}", "--config.num_train_steps=2", *flags],
-                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    train_run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fxformer.train",
+            "--config=configs/default.py",
+            f"--workdir={workdir}",
+            "--config.num_train_steps=2",
+            *flags,
+        ],
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
     assert train_run.returncode == 0, train_run.stderr[-2000:]
     assert "1 of 3,000 pairs" in train_run.stdout and "have an empty side; dropped" in train_run.stdout
     assert "data: prepared in" in train_run.stdout and "Unknown size" not in train_run.stdout  # nothing downloaded
-    evaluated = subprocess.run([sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--split=test"],
-                               env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--split=test"],
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
 
@@ -390,8 +454,10 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
     from fxformer.data import corpora as corpora_source
 
     source = corpora_source.data_source(builder, "train")
-    lengths = [(len(tokenizer.encode(source[i]["en"].decode())), len(tokenizer.encode(source[i]["de"].decode())))
-               for i in range(len(source))]  # fmt: skip
+    lengths = [
+        (len(tokenizer.encode(source[i]["en"].decode())), len(tokenizer.encode(source[i]["de"].decode())))
+        for i in range(len(source))
+    ]
     kept_target_tokens = sum(t for s, t in lengths if max(s, t) <= config.data.max_length)
     epochs = logged(workdir, "epochs")
     assert list(epochs) == [2, 4, 6, 8] and all(b > a for a, b in zip(list(epochs.values()), list(epochs.values())[1:]))
@@ -406,8 +472,15 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
 
     workdir = tmp_path / "w"
     # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
-    command = train_command(workdir, data_dir, num_train_steps=200, eval_every_steps=2, learning_rate_scale=1e-9,
-                            early_stopping_patience=1, best_metric="dev_accuracy")  # fmt: skip
+    command = train_command(
+        workdir,
+        data_dir,
+        num_train_steps=200,
+        eval_every_steps=2,
+        learning_rate_scale=1e-9,
+        early_stopping_patience=1,
+        best_metric="dev_accuracy",
+    )
     result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert result.returncode == exitcodes.OK, result.stderr[-2000:]
     assert "early stopping" in result.stdout
@@ -426,8 +499,12 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
     run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
     (workdir / "checkpoints" / "4" / "data" / "process_0-of-1.json").unlink()
     with left_as_is(workdir):
-        resumed = subprocess.run(train_command(workdir, data_dir, num_train_steps=6, checkpoint_every_steps=2),
-                                 env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        resumed = subprocess.run(
+            train_command(workdir, data_dir, num_train_steps=6, checkpoint_every_steps=2),
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
     assert resumed.returncode == exitcodes.USER_ERROR and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
     assert "different number of processes" not in resumed.stderr
     assert "checkpoints/4" in resumed.stderr and "data position" in resumed.stderr, resumed.stderr
@@ -466,22 +543,41 @@ def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agree
     workdir = tmp_path / "w"
     # The tiny model's dev BLEU stays below 1 (it must only be above 0, so that agreeing means
     # something); 60 steps at 3x the learning rate gave 0 at every check once float rounding moved.
-    result = run_train(workdir, data_dir, num_train_steps=120, eval_every_steps=60, dev_bleu_every_steps=40,
-                       dev_bleu_sentences=24, best_metric="dev_bleu", checkpoint_every_steps=40)  # fmt: skip
+    result = run_train(
+        workdir,
+        data_dir,
+        num_train_steps=120,
+        eval_every_steps=60,
+        dev_bleu_every_steps=40,
+        dev_bleu_sentences=24,
+        best_metric="dev_bleu",
+        checkpoint_every_steps=40,
+    )
     bleu = logged(workdir, "dev_bleu")
     assert list(bleu) == [40, 80, 120] and "dev BLEU" in result.stdout
     assert list(logged(workdir, "dev_ppl")) == [60, 120]  # each at its own interval
     best_step = max(bleu, key=bleu.get)
     assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
-    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best",
-               "--split=validation", "--limit=24"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "fxformer.evaluate",
+        f"--workdir={workdir}",
+        "--step=best",
+        "--split=validation",
+        "--limit=24",
+    ]
     evaluated = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     written = _json.loads((workdir / "eval" / f"validation-{best_step}-best-first24.json").read_text())
     assert written["bleu"] == pytest.approx(bleu[best_step], abs=1e-6) and bleu[best_step] > 0
     with left_as_is(tmp_path / "x"):
-        no_bleu = subprocess.run(train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
-                                 env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        no_bleu = subprocess.run(
+            train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
     assert no_bleu.returncode == exitcodes.USER_ERROR and "set dev_bleu_every_steps" in no_bleu.stderr
 
 
@@ -507,8 +603,9 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     from conftest import env_with_devices, run_train
 
     def train(workdir, **overrides):
-        return subprocess.run(train_command(workdir, data_dir, **overrides), env=env_with_devices(1),
-                              capture_output=True, text=True)  # fmt: skip
+        return subprocess.run(
+            train_command(workdir, data_dir, **overrides), env=env_with_devices(1), capture_output=True, text=True
+        )
 
     fresh = tmp_path / "fresh"
     with left_as_is(fresh):
@@ -650,8 +747,9 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
 
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=5, log_every_steps=1)
-    process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while not (workdir / "checkpoints" / "10").exists():
         assert process.poll() is None and time.time() < deadline
@@ -698,8 +796,13 @@ def test_a_hand_edited_config_json_is_one_sentence_from_every_command_and_change
     path.write_text(json.dumps(written, indent=2))
     argv, stdin = COMMANDS[command]
     with left_as_is(workdir):
-        result = subprocess.run([sys.executable, "-m", argv[0], f"--workdir={workdir}", *argv[1:]], input=stdin,
-                                env=env_with_devices(1), capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", argv[0], f"--workdir={workdir}", *argv[1:]],
+            input=stdin,
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
     err = result.stderr.strip()
     assert result.returncode == exitcodes.USER_ERROR and len(err.splitlines()) == 1, err[-3000:]
     assert err.startswith(f"error: In {path}, {words}") and "Traceback" not in err, err
@@ -717,8 +820,9 @@ def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, c
 
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=1, keep_checkpoints=2)
-    process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while not (workdir / "checkpoints" / "3").exists():
         assert process.poll() is None and time.time() < deadline

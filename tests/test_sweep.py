@@ -30,8 +30,22 @@ from fxformer import exitcodes, optim, paths
 from fxformer.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-TABLE3_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", *(f"C{i}" for i in range(1, 8)),
-               "D1", "D2", "D3", "D4", "E", "big"]  # fmt: skip
+TABLE3_ROWS = [
+    "base",
+    "A1",
+    "A2",
+    "A3",
+    "A4",
+    "B1",
+    "B2",
+    *(f"C{i}" for i in range(1, 8)),
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+    "E",
+    "big",
+]
 
 
 def sweep_command(*argv, data_dir=None, extra=()):
@@ -44,8 +58,14 @@ def sweep_env() -> dict:
 
 
 def experiments(*argv, data_dir=None, extra=(), **kwargs):
-    return subprocess.run(sweep_command(*argv, data_dir=data_dir, extra=extra), cwd=REPO, env=sweep_env(),
-                          capture_output=True, text=True, **kwargs)  # fmt: skip
+    return subprocess.run(
+        sweep_command(*argv, data_dir=data_dir, extra=extra),
+        cwd=REPO,
+        env=sweep_env(),
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
 
 
 def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, stdout=subprocess.PIPE) -> subprocess.Popen:
@@ -105,9 +125,7 @@ def test_profiles_keep_each_rows_change_relative_to_base():
 def test_grids_product_and_zip():
     heads = sweeps.axis("model.num_heads", [4, 8])
     seeds = sweeps.axis("seed", [0, 1])
-    assert sweeps.product(heads, seeds) == [
-        {"model.num_heads": h, "seed": s} for h in (4, 8) for s in (0, 1)
-    ]  # fmt: skip
+    assert sweeps.product(heads, seeds) == [{"model.num_heads": h, "seed": s} for h in (4, 8) for s in (0, 1)]
     assert sweeps.zipit(heads, seeds) == [{"model.num_heads": 4, "seed": 0}, {"model.num_heads": 8, "seed": 1}]
     runs = sweeps.from_dict("g", "paper", {"runs": sweeps.grid("configs/default.py", sweeps.zipit(heads, seeds))})
     assert [r.name for r in runs.runs] == ["num_heads=4,seed=0", "num_heads=8,seed=1"]
@@ -189,8 +207,17 @@ def test_a_changed_config_is_refused_in_one_sentence(smoke):
         result = experiments("run", "table3", f"--root={root}", "--only=B1", "--", *remembered, "--config.seed=7")
     assert result.returncode == exitcodes.USER_ERROR
     assert result.stderr.count("\n") == 1 and "seed=0" in result.stderr and "--move_changed" in result.stderr
-    moved = experiments("run", "table3", f"--root={root}", "--only=B1", "--move_changed", "--dry-run",
-                        "--", *remembered, "--config.seed=7")  # fmt: skip
+    moved = experiments(
+        "run",
+        "table3",
+        f"--root={root}",
+        "--only=B1",
+        "--move_changed",
+        "--dry-run",
+        "--",
+        *remembered,
+        "--config.seed=7",
+    )
     assert moved.returncode == 0 and "moved the old run to B1.old1" in moved.stderr
     assert (root / "B1").exists()  # a dry run moves nothing
 
@@ -260,8 +287,13 @@ def test_params_figure_labels_overlap_no_other_label_nor_marker():
     from experiments import figures
 
     # the mini table's crowd: ten rows at base's parameter count, several a few hundredths apart
-    points = [(0.412, y, name) for y, name in zip((1.675, 1.567, 1.582, 2.135, 3.255, 2.086, 4.03, 1.656, 1.871, 1.719),
-                                                  ("base", "A1", "A2", "A3", "A4", "D1", "D2", "D3", "D4", "E"))]
+    points = [
+        (0.412, y, name)
+        for y, name in zip(
+            (1.675, 1.567, 1.582, 2.135, 3.255, 2.086, 4.03, 1.656, 1.871, 1.719),
+            ("base", "A1", "A2", "A3", "A4", "D1", "D2", "D3", "D4", "E"),
+        )
+    ]
     points += [(0.428, 1.719, "E2"), (0.375, 2.143, "B2"), (0.357, 3.349, "B1"), (1.12, 1.254, "C5")]
     fig, ax = plt.subplots(figsize=(6, 5))
     ax.plot([p[0] for p in points], [p[1] for p in points], "o")
@@ -301,8 +333,9 @@ LONGER = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5", "-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, data_dir):
     root = tmp_path_factory.mktemp("straight") / "t3"
-    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=base",
-                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    result = experiments(
+        "run", "table3", f"--root={root}", "--profile=smoke", "--only=base", data_dir=data_dir, extra=LONGER
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return losses(root / "base")
 
@@ -311,8 +344,9 @@ def uninterrupted(tmp_path_factory, data_dir):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_path, data_dir, uninterrupted):
     root = tmp_path / "t3"
-    argv = sweep_command("run", "table3", f"--root={root}", "--profile=smoke", "--only=base",
-                         data_dir=data_dir, extra=LONGER)  # fmt: skip
+    argv = sweep_command(
+        "run", "table3", f"--root={root}", "--profile=smoke", "--only=base", data_dir=data_dir, extra=LONGER
+    )
     checkpoints = root / "base" / "checkpoints"
     launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120)
     trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
@@ -381,8 +415,19 @@ def test_a_row_evaluated_on_dev_but_not_on_test_is_trained_and_only_test_is_eval
 
 
 def test_tpu_dry_run_of_one_row_matches_golden_file(fake_bucket, capsys):
-    status = experiments_main.main(["run", "table3", "--root=gs://bucket/table3", "--only=B1", "--backend=tpu",
-                                    "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--dry-run"])  # fmt: skip
+    status = experiments_main.main(
+        [
+            "run",
+            "table3",
+            "--root=gs://bucket/table3",
+            "--only=B1",
+            "--backend=tpu",
+            "--tpu=my-v4-32",
+            "--zone=us-central2-b",
+            "--workers=4",
+            "--dry-run",
+        ]
+    )
     out = capsys.readouterr()
     assert status == 0, out.err
     text = out.out.replace(head_commit(), "<commit>")
@@ -396,8 +441,17 @@ def test_tpu_dry_run_of_one_row_matches_golden_file(fake_bucket, capsys):
 
 @pytest.mark.slow
 def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
-    result = experiments("run", "table3", "--root=/shared/table3", "--only=B1", "--backend=slurm", "--nodes=2",
-                         "--gpus_per_node=8", "--time=24:00:00", "--dry-run")  # fmt: skip
+    result = experiments(
+        "run",
+        "table3",
+        "--root=/shared/table3",
+        "--only=B1",
+        "--backend=slurm",
+        "--nodes=2",
+        "--gpus_per_node=8",
+        "--time=24:00:00",
+        "--dry-run",
+    )
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_slurm.txt", result.stdout)
     assert "--config=configs/table3.py:B1,paper --workdir=/shared/table3/B1 --distributed" in result.stdout
@@ -408,8 +462,16 @@ def test_slurm_dry_run_of_one_row_matches_golden_file(tmp_path):
 def test_a_failing_row_is_retried_up_to_the_limit_then_skipped(tmp_path, data_dir):
     root = tmp_path / "t3"
     refused = ["--config.model.max_len=8"]  # fxformer.train refuses it: the row fails each time
-    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1", "--max_attempts=2",
-                         data_dir=data_dir, extra=refused)  # fmt: skip
+    result = experiments(
+        "run",
+        "table3",
+        f"--root={root}",
+        "--profile=smoke",
+        "--only=C1",
+        "--max_attempts=2",
+        data_dir=data_dir,
+        extra=refused,
+    )
     assert result.returncode == 1
     assert result.stderr.count("C1: exited with status 2") == 2
     assert json.loads((root / "C1" / "sweep.json").read_text())["attempts"] == 2

@@ -96,11 +96,15 @@ def one_step(config, batch, devices, accum=1):
     state = jax.jit(functools.partial(trainstate.create_state, model, tx, 0), out_shardings=parallel.replicated(mesh))()
     step = jax.jit(
         functools.partial(
-            train.train_step, model=model, tx=tx, schedule=optim.learning_rate_schedule(config),
-            label_smoothing=0.1, accum=accum,
+            train.train_step,
+            model=model,
+            tx=tx,
+            schedule=optim.learning_rate_schedule(config),
+            label_smoothing=0.1,
+            accum=accum,
         ),
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
-    )  # fmt: skip
+    )
     batch = {k: jax.device_put(v, parallel.sharded_rows(mesh)) for k, v in batch.items()}
     for _ in range(3):  # several steps, so that Adam's update depends on the gradients' values
         state, metrics = step(state, batch)
@@ -195,8 +199,10 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipelin
         assert events[step] == pytest.approx(value, rel=1e-6)  # TensorBoard stores float32
     process = subprocess.Popen(
         train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30, **pipeline_flags),
-        env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env_with_devices(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while not (killed / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists():
         assert process.poll() is None and time.time() < deadline
@@ -227,8 +233,11 @@ def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path
     workdir = tmp_path / "w"
     process = subprocess.Popen(
         train_command(workdir, data_dir, num_train_steps=100_000),
-        env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env_with_devices(1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (workdir / "metrics.jsonl").exists() or len(logged(workdir)) < 3:
         assert process.poll() is None and time.time() < deadline
@@ -251,8 +260,10 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
     good = final_params(workdir)
     result = subprocess.run(
         train_command(workdir, data_dir, num_train_steps=40, learning_rate_scale=1e30, checkpoint_every_steps=1),
-        env=env_with_devices(1), capture_output=True, text=True,
-    )  # fmt: skip
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "The training loss became non-finite at step 7" in result.stderr  # params after step 6 are bad
     assert "the last good checkpoint (step 5) is intact" in result.stderr
@@ -288,7 +299,7 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path, data_d
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=600) for p in processes]

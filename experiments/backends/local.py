@@ -36,8 +36,11 @@ class Local:
         for i in range(self.processes):
             cluster = []
             if self.processes > 1:
-                cluster = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={self.processes}",
-                           f"--process_id={i}"]  # fmt: skip
+                cluster = [
+                    f"--coordinator_address=127.0.0.1:{port}",
+                    f"--num_processes={self.processes}",
+                    f"--process_id={i}",
+                ]
             out.append(
                 [sys.executable, "-m", "experiments.worker", *job.worker_flags(str(self.rundir(job, i)), cluster)]
             )

@@ -75,9 +75,14 @@ class Slurm:
         a = self.args
         optional = "".join(
             f"#SBATCH --{key}={value}\n"
-            for key, value in (("cpus-per-task", a.cpus_per_task), ("time", a.time), ("partition", a.partition),
-                               ("account", a.account)) if value
-        )  # fmt: skip
+            for key, value in (
+                ("cpus-per-task", a.cpus_per_task),
+                ("time", a.time),
+                ("partition", a.partition),
+                ("account", a.account),
+            )
+            if value
+        )
         train = shlex.join([a.python, "-m", "fxformer.train", *job.train_flags, "--distributed"])
         commands = [shlex.join([a.python, "-m", *e, "--distributed"]) for e in job.evaluations([])]
         if not job.train:  # a trained row of a sweep: the evaluations alone
@@ -86,9 +91,14 @@ class Slurm:
             commands = []
         evaluate = "".join(f'if [ "$status" = 0 ]; then\n  run_step {c}\n  status=$?\nfi\n' for c in commands)
         return SCRIPT.format(
-            name=job.name, nodes=a.nodes, gpus=a.gpus_per_node, optional=optional, logdir=job.logdir,
-            train=train, evaluate=evaluate,
-        )  # fmt: skip
+            name=job.name,
+            nodes=a.nodes,
+            gpus=a.gpus_per_node,
+            optional=optional,
+            logdir=job.logdir,
+            train=train,
+            evaluate=evaluate,
+        )
 
     def launch(self, job: Job, dry_run: bool) -> Launched:
         """Submit the job (sbatch returns at once: the scheduler holds it from then on)."""
@@ -109,8 +119,10 @@ class Slurm:
         return Launched(Outcome.SUBMITTED, 0, job_id=job_id)
 
     def setup(self, job: Job, dry_run: bool) -> int:
-        say(f"on the cluster: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt 'jax[cuda12]' "
-            f"(the python the script runs is --python={self.args.python})")  # fmt: skip
+        say(
+            f"on the cluster: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt 'jax[cuda12]' "
+            f"(the python the script runs is --python={self.args.python})"
+        )
         return 0
 
     def _job_id(self, job: Job) -> str:

@@ -96,12 +96,15 @@ class Tpu:
         """An idempotent venv on every worker: created once, pip run again only when requirements change."""
         stamp = f"{VENV}/.fxformer-requirements"
         install = f'{VENV}/bin/pip install -q -r requirements.txt "{jax_tpu_requirement(sha)}"'
-        return self.ssh("all", (
-            f"cd {CODE} && (test -x {VENV}/bin/python || python3 -m venv {VENV}) && "
-            f'want=$(sha256sum requirements.txt | cut -c1-16) && '
-            f'if [ "$(cat {stamp} 2>/dev/null)" != "$want" ]; then {install} && echo "$want" > {stamp}; fi && '
-            f'{VENV}/bin/python -c "import jax; print(jax.__version__)"'
-        ))  # fmt: skip
+        return self.ssh(
+            "all",
+            (
+                f"cd {CODE} && (test -x {VENV}/bin/python || python3 -m venv {VENV}) && "
+                f"want=$(sha256sum requirements.txt | cut -c1-16) && "
+                f'if [ "$(cat {stamp} 2>/dev/null)" != "$want" ]; then {install} && echo "$want" > {stamp}; fi && '
+                f'{VENV}/bin/python -c "import jax; print(jax.__version__)"'
+            ),
+        )
 
     def run_command(self, job: Job, worker: int | str) -> list[str]:
         flags = job.worker_flags(self.rundir(job), ["--distributed"])
@@ -171,8 +174,15 @@ class Tpu:
         if dry_run and not self.args.workers:
             raise UserError("Give --workers=<hosts in the slice> with --dry-run, or leave --dry-run out.")
         n = self.workers()
-        fetch = [self.gcloud("scp", f"{self.args.tpu}:fxformer-runs/{job.name}/worker.log",
-                             str(job.logdir / f"worker_{i}.log"), f"--worker={i}") for i in range(n)]  # fmt: skip
+        fetch = [
+            self.gcloud(
+                "scp",
+                f"{self.args.tpu}:fxformer-runs/{job.name}/worker.log",
+                str(job.logdir / f"worker_{i}.log"),
+                f"--worker={i}",
+            )
+            for i in range(n)
+        ]
         run_commands([["mkdir", "-p", str(job.logdir)], *fetch], dry_run, check=False)
         if not dry_run:
             for i in range(n):
@@ -184,8 +194,9 @@ class Tpu:
 
     def before_retry(self, job: Job) -> None:
         """Re-create the TPU if it was pre-empted (levanter's habit), then set it up again."""
-        state = subprocess.run(self.gcloud("describe", self.args.tpu, "--format=value(state)"),
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        state = subprocess.run(
+            self.gcloud("describe", self.args.tpu, "--format=value(state)"), capture_output=True, text=True
+        ).stdout.strip()
         if state in ("READY", ""):
             return
         if not (self.args.accelerator_type and self.args.runtime_version):
@@ -194,7 +205,11 @@ class Tpu:
                 "--retries can re-create it, or re-create it yourself and launch again."
             )
         say(f"TPU {self.args.tpu} is {state}: re-creating it")
-        create = self.gcloud("create", self.args.tpu, f"--accelerator-type={self.args.accelerator_type}",
-                             f"--version={self.args.runtime_version}")  # fmt: skip
+        create = self.gcloud(
+            "create",
+            self.args.tpu,
+            f"--accelerator-type={self.args.accelerator_type}",
+            f"--version={self.args.runtime_version}",
+        )
         run_commands([self.gcloud("delete", self.args.tpu, "--quiet"), create], False)
         self.setup(job, False)

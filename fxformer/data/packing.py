@@ -95,8 +95,11 @@ def fill(split: Split, plan: Plan, batch: int, rows: int, max_length: int) -> di
         segment_ids, positions = np.zeros(rows * max_length, np.int32), np.zeros(rows * max_length, np.int32)
         segment_ids[at], positions[at] = segment[each], within
         shape = (rows, max_length)
-        out |= {key: ids.reshape(shape), f"{key}_segment_ids": segment_ids.reshape(shape),
-                f"{key}_positions": positions.reshape(shape)}  # fmt: skip
+        out |= {
+            key: ids.reshape(shape),
+            f"{key}_segment_ids": segment_ids.reshape(shape),
+            f"{key}_positions": positions.reshape(shape),
+        }
     return out
 
 
@@ -104,8 +107,7 @@ class Shard:
     """The training batches of one shard, endless: batch k of the shard (across epochs) made on
     demand. Picklable (grain workers make their own copy): it holds a loader of the ids, not them."""
 
-    def __init__(self, load_split, shard: int, num_shards: int, rows: int, max_length: int, overlong: str,
-                 seed: int):  # fmt: skip
+    def __init__(self, load_split, shard: int, num_shards: int, rows: int, max_length: int, overlong: str, seed: int):
         self.load_split, self.shard, self.num_shards = load_split, shard, num_shards
         self.rows, self.max_length, self.overlong, self.seed = rows, max_length, overlong, seed
         self._epoch_batches: list[int] = []  # batches of epochs 0, 1, ... as planned so far

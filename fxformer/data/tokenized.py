@@ -104,8 +104,7 @@ def _save(path, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
 
 
-def build(data_dir: paths.PathLike, tokenizer: Tokenizer, sources: dict, source_lang: str, target_lang: str,
-          log=print):  # fmt: skip
+def build(data_dir: paths.PathLike, tokenizer: Tokenizer, sources: dict, source_lang: str, target_lang: str, log=print):
     """Tokenize the splits of `sources` ({split: data source}) that are not stored yet. Each split is
     written to a temporary name and renamed, so a reader never sees half a split."""
     where = folder(data_dir, tokenizer)
@@ -124,8 +123,10 @@ def build(data_dir: paths.PathLike, tokenizer: Tokenizer, sources: dict, source_
             for name in _names(split, side):
                 (where / f"{name}.tmp-{tag}").rename(where / name)
         tokens = sum(len(ids) for ids, _ in built.values())
-        log(f"data: stored the token ids of {split} ({len(source):,} pairs, {tokens:,} tokens) "
-            f"in {time.time() - started:.1f}s -> {where}")  # fmt: skip
+        log(
+            f"data: stored the token ids of {split} ({len(source):,} pairs, {tokens:,} tokens) "
+            f"in {time.time() - started:.1f}s -> {where}"
+        )
     return where
 
 
