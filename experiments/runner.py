@@ -25,9 +25,10 @@ import shlex
 import signal
 import threading
 import time
+from pathlib import Path
 
 from experiments import backends, figures, records, report, rowstate
-from experiments.backends import Backend, Outcome
+from experiments.backends import Backend, Launched, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
 from experiments.context import Context, Replicate
 from experiments.rowstate import RowStatus
@@ -334,6 +335,21 @@ def attempt(
     finally:
         if launched is None:  # an exception: the row keeps its checkpoints
             lease.release(state=RowStatus.STOPPED)
+    return judge_attempt(ctx, rep, row, lease, launched, job.logdir, prefix)
+
+
+def judge_attempt(
+    ctx: Context,
+    rep: Replicate,
+    row: rowstate.RowState,
+    lease: rowstate.Lease,
+    launched: Launched,
+    logdir: Path,
+    prefix: str,
+) -> RowStatus | None:
+    """What an attempt that ended (or was submitted) leaves the row in, recorded as the lease is
+    released; None where another attempt should follow."""
+    args = ctx.args
     last_try = row.attempts + 1 >= args.max_attempts
     if launched.outcome == Outcome.SUBMITTED:  # the scheduler holds the row now
         lease.release(state=RowStatus.SUBMITTED, job_id=launched.job_id, owner=rowstate.owner_id())
@@ -354,7 +370,7 @@ def attempt(
         return None
     lease.release(state=RowStatus.FAILED, last_status=launched.status)
     reason = "ended without results" if launched.status == exitcodes.OK else f"exited with status {launched.status}"
-    say(f"{prefix}: {reason}; its log: {job.logdir}")
+    say(f"{prefix}: {reason}; its log: {logdir}")
     return RowStatus.FAILED if last_try else None
 
 

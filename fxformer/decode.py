@@ -223,14 +223,19 @@ def beam_search(
             parents = jnp.take_along_axis(parent, keep, axis=1)
         return BeamState(t + 1, live_seqs, live_logp, finished_seqs, finished_scores, reorder(cache, parents))
 
+    end = run_loop(cond, body, beam_start(b, k, max_len, cache), max_len, grow)
+    return end.finished_seqs[:, :, 1:], end.finished_scores
+
+
+def beam_start(b: int, k: int, max_len: int, cache) -> BeamState:
+    """`b` examples' beams of `k` before the first step: one live hypothesis (BOS) each, so that
+    the first step's candidates are not `k` copies of the same, and none finished."""
     seqs = jnp.full((b, k, max_len + 1), PAD_ID, jnp.int32).at[:, :, 0].set(BOS_ID)
-    start = BeamState(
+    return BeamState(
         t=jnp.zeros((), jnp.int32),
         live_seqs=seqs,
-        live_logp=jnp.full((b, k), -jnp.inf).at[:, 0].set(0.0),  # one live start, no duplicates
+        live_logp=jnp.full((b, k), -jnp.inf).at[:, 0].set(0.0),
         finished_seqs=seqs,
         finished_scores=jnp.full((b, k), -jnp.inf),
         cache=cache,
     )
-    end = run_loop(cond, body, start, max_len, grow)
-    return end.finished_seqs[:, :, 1:], end.finished_scores
