@@ -1,0 +1,291 @@
+"""What ends or steers a run besides its last step (a time budget, early stopping, a signal
+while preparing or compiling, a loss that explodes) and what it keeps: the best checkpoint,
+averaged checkpoints, its metrics across a resume."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import env_with_devices, left_as_is, logged, run_train, snapshot, train_command
+
+from fxformer import exitcodes
+
+
+@pytest.mark.slow
+def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_it(tmp_path, data_dir, corpus):
+
+    from conftest import final_params, run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=20, checkpoint_every_steps=5, keep_checkpoints=2)
+    good = final_params(workdir)
+    result = subprocess.run(
+        train_command(
+            workdir, data_dir, num_train_steps=60, checkpoint_every_steps=5, keep_checkpoints=2, learning_rate_scale=1e6
+        ),
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr
+    assert "The training loss exploded to" in result.stderr or "non-finite" in result.stderr
+    assert "the last good checkpoint (step 20) is intact" in result.stderr
+    assert 20 in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    after = final_params(workdir)
+    assert all((good[k] == after[k]).all() for k in good)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20", "--limit=5"],
+        env=env_with_devices(1),
+        capture_output=True,
+        text=True,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path, data_dir, corpus):
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.1, eval_every_steps=1)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and f"time budget of 0.1 minutes: saved step {saved[0]}" in result.stdout
+    assert "(time budget, near step" in result.stdout  # the ETA is to the budget's end, which comes first
+    dev_steps = list(logged(workdir, "dev_ppl"))
+    assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
+
+
+@pytest.mark.slow
+def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(tmp_path, data_dir, corpus):
+    """A time budget saves at whatever step it ends, often just after a regular checkpoint: the
+    average of the last 3 must still be of 3 checkpoints at least half the interval (2 steps) apart."""
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=12, checkpoint_every_steps=4)  # checkpoints 4, 8, 12
+    # resumed with a budget of 0.6 s: compiling the first step takes longer, so the budget ends there (13)
+    command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.01, checkpoint_every_steps=4)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == [4, 8, 12, 13], saved
+    evaluate = [
+        sys.executable,
+        "-m",
+        "fxformer.evaluate",
+        f"--workdir={workdir}",
+        "--average_last=3",
+        "--limit=8",
+        "--config.decode.strategy=greedy",
+    ]
+    result = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = json.loads(next((workdir / "eval").glob("test-*.json")).read_text())["checkpoint_steps"]
+    assert steps == [4, 8, 13]  # 12 is 1 step from 13: passed over, and said so
+    assert "skipped step(s) 12" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, data_dir, corpus):
+    import json as _json
+
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10, keep_checkpoints=1)
+    dev = logged(workdir, "dev_ppl")
+    best_step = min(dev, key=dev.get)
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation"]
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
+    assert written["checkpoint_steps"] == [best_step]
+    assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
+    with left_as_is(workdir):
+        bad = subprocess.run(
+            [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
+    assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data_dir, corpus):
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=4, log_every_steps=2, checkpoint_every_steps=4)
+    first = logged(workdir, "tokens_seen")
+    resumed = run_train(workdir, data_dir, num_train_steps=8, log_every_steps=2, checkpoint_every_steps=4)
+    seen, wall = logged(workdir, "tokens_seen"), logged(workdir, "wall_s")
+    assert list(seen) == [2, 4, 6, 8] and {k: seen[k] for k in first} == first
+    assert all(b > a for a, b in zip(list(seen.values()), list(seen.values())[1:]))  # counted on across the resume
+    assert all(b >= a for a, b in zip(list(wall.values()), list(wall.values())[1:]))
+    tokens_per_step = seen[2] / 2
+    assert seen[8] == pytest.approx(4 * seen[4] / 2, rel=0.3) and tokens_per_step > 0
+    assert "tgt tok/s" in resumed.stdout
+    # epochs: passes over the kept training pairs, so about tokens seen / target tokens of the kept pairs
+    config, builder, tokenizer = corpus
+    from fxformer.data import corpora as corpora_source
+
+    source = corpora_source.data_source(builder, "train")
+    lengths = [
+        (len(tokenizer.encode(source[i]["en"].decode())), len(tokenizer.encode(source[i]["de"].decode())))
+        for i in range(len(source))
+    ]
+    kept_target_tokens = sum(t for s, t in lengths if max(s, t) <= config.data.max_length)
+    epochs = logged(workdir, "epochs")
+    assert list(epochs) == [2, 4, 6, 8] and all(b > a for a, b in zip(list(epochs.values()), list(epochs.values())[1:]))
+    assert epochs[8] == pytest.approx(seen[8] / kept_target_tokens, rel=0.15)
+
+
+@pytest.mark.slow
+def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
+
+    workdir = tmp_path / "w"
+    # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
+    command = train_command(
+        workdir,
+        data_dir,
+        num_train_steps=200,
+        eval_every_steps=2,
+        learning_rate_scale=1e-9,
+        early_stopping_patience=1,
+        best_metric="dev_accuracy",
+    )
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+    assert "early stopping" in result.stdout
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
+
+
+@pytest.mark.slow
+def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agrees(tmp_path, data_dir, corpus):
+    import json as _json
+
+    from conftest import run_train
+
+    workdir = tmp_path / "w"
+    # The tiny model's dev BLEU stays below 1 (it must only be above 0, so that agreeing means
+    # something); 60 steps at 3x the learning rate gave 0 at every check once float rounding moved.
+    result = run_train(
+        workdir,
+        data_dir,
+        num_train_steps=120,
+        eval_every_steps=60,
+        dev_bleu_every_steps=40,
+        dev_bleu_sentences=24,
+        best_metric="dev_bleu",
+        checkpoint_every_steps=40,
+    )
+    bleu = logged(workdir, "dev_bleu")
+    assert list(bleu) == [40, 80, 120] and "dev BLEU" in result.stdout
+    assert list(logged(workdir, "dev_ppl")) == [60, 120]  # each at its own interval
+    best_step = max(bleu, key=bleu.get)
+    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
+    command = [
+        sys.executable,
+        "-m",
+        "fxformer.evaluate",
+        f"--workdir={workdir}",
+        "--step=best",
+        "--split=validation",
+        "--limit=24",
+    ]
+    evaluated = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best-first24.json").read_text())
+    assert written["bleu"] == pytest.approx(bleu[best_step], abs=1e-6) and bleu[best_step] > 0
+    with left_as_is(tmp_path / "x"):
+        no_bleu = subprocess.run(
+            train_command(tmp_path / "x", data_dir, best_metric="dev_bleu"),
+            env=env_with_devices(1),
+            capture_output=True,
+            text=True,
+        )
+    assert no_bleu.returncode == exitcodes.USER_ERROR and "set dev_bleu_every_steps" in no_bleu.stderr
+
+
+def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
+    from fxformer.metrics import MetricWriter
+
+    lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', '{"step": 2, "loss": 1.5}', '{"step": "x"}', '{"step": 9']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    writer = MetricWriter(tmp_path, resume_step=2)
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
+    assert writer.last() == {"step": 2, "loss": 1.5}
+
+
+@pytest.mark.slow
+def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_path, data_dir, corpus):
+    """Before training begins a signal stops the command as soon as Python runs again (here within
+    seconds, during data preparation): 2 for a new run, whose workdir is removed; 75 for a resume,
+    whose workdir is left byte for byte."""
+    import time
+
+    from conftest import run_train
+
+    def stopped_while_preparing(workdir, fresh_data_dir, **overrides):
+        command = train_command(workdir, fresh_data_dir, **overrides)
+        process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.PIPE, text=True)
+        for line in process.stdout:
+            if line.startswith("data: preparing"):
+                break
+        start = time.time()
+        process.send_signal(signal.SIGTERM)
+        rest = process.stdout.read()
+        status = process.wait(timeout=60)
+        process.stdout.close()
+        return status, time.time() - start, rest
+
+    fresh = tmp_path / "fresh"
+    status, seconds, out = stopped_while_preparing(fresh, tmp_path / "tfds-a", num_train_steps=2)
+    assert status == exitcodes.USER_ERROR and seconds < 30 and not fresh.exists(), out
+
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, num_train_steps=2)
+    before = snapshot(workdir)
+    status, seconds, out = stopped_while_preparing(workdir, tmp_path / "tfds-b", num_train_steps=4)
+    assert status == exitcodes.STOPPED and seconds < 30, out
+    assert "SIGTERM before training began: nothing new to save" in out
+    assert snapshot(workdir) == before
+
+
+@pytest.mark.slow
+def test_sigterm_during_compilation_stops_after_the_first_step_with_nothing_half_written(tmp_path, data_dir, corpus):
+    """The first step compiles the model (XLA: no Python runs until it returns, so the signal is
+    handled then): the run saves that step and exits 75 within seconds; no unfinished save is
+    left, and the same command resumes from it. (A loaded machine may deliver the signal a
+    moment before the first step: then nothing is saved, still 75, and the resume trains.)"""
+    import time
+
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=50, log_every_steps=10)
+    env = {**env_with_devices(1), "JAX_ENABLE_COMPILATION_CACHE": "false"}  # a real compilation, seconds long
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("model:"):  # printed just before the first step, which compiles
+            break
+    time.sleep(0.3)
+    start = time.time()
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    seconds = time.time() - start
+    assert process.returncode == exitcodes.STOPPED and seconds < 30, err[-2000:]
+    checkpoints = workdir / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.iterdir()) if checkpoints.exists() else []
+    if saved:  # the signal came while a step ran in XLA (the first compiles): that step is saved, and only it
+        assert len(saved) == 1 and saved[0].isdigit(), saved  # no unfinished save
+        assert f"SIGTERM: saved step {saved[0]} to {checkpoints}; exiting" in out, out
+    else:  # on a loaded machine it may come before the first step began
+        assert "SIGTERM before the first step: nothing new to save" in out, out
+    resumed = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not saved or f"resumed from {checkpoints / saved[0]}" in resumed.stdout
