@@ -41,46 +41,46 @@ def plot(ctx: Context, runs, doc: dict, directory) -> int:
 # delta.png
 
 
-def relative(rec: dict, base: dict | None, metric: str) -> tuple[float | None, float | None, float | None]:
+def relative(rec: report.Row, base: report.Row | None, metric: str) -> tuple[float | None, float | None, float | None]:
     """Ours in percent of the matched base mean: (Δ, CI low, CI high); None where unknown."""
-    matched = rec["matched"][metric]
-    if not matched or rec["delta_ours"][metric] is None:
+    matched = rec.matched[metric]
+    if not matched or rec.delta_ours[metric] is None:
         return None, None, None
-    ci = rec["ci"][metric] or [None, None]
+    ci = rec.ci[metric] or [None, None]
     scale = lambda v: None if v is None else 100 * v / matched  # noqa: E731
-    return scale(rec["delta_ours"][metric]), scale(ci[0]), scale(ci[1])
+    return scale(rec.delta_ours[metric]), scale(ci[0]), scale(ci[1])
 
 
-def relative_paper(rec: dict, base: dict | None, metric: str) -> float | None:
+def relative_paper(rec: report.Row, base: report.Row | None, metric: str) -> float | None:
     """The reference's change in percent of its own baseline."""
-    if base is None or not base["paper"][metric] or rec["delta_paper"][metric] is None:
+    if base is None or not base.paper[metric] or rec.delta_paper[metric] is None:
         return None
-    return 100 * rec["delta_paper"][metric] / base["paper"][metric]
+    return 100 * rec.delta_paper[metric] / base.paper[metric]
 
 
-def positions(recs: list[dict]) -> tuple[list[float], list[tuple[str, float, float]]]:
+def positions(recs: list[report.Row]) -> tuple[list[float], list[tuple[str, float, float]]]:
     """Each row's place on the y axis, one unit apart and a gap between groups, and each group's
     (name, first place, last place)."""
     places, groups, y = [], [], 0.0
     for i, rec in enumerate(recs):
-        if i and group_of(rec["row"]) != group_of(recs[i - 1]["row"]):
+        if i and group_of(rec.row) != group_of(recs[i - 1].row):
             y += 0.6
         places.append(y)
-        if groups and groups[-1][0] == group_of(rec["row"]):
+        if groups and groups[-1][0] == group_of(rec.row):
             groups[-1] = (groups[-1][0], groups[-1][1], y)
         else:
-            groups.append((group_of(rec["row"]), y, y))
+            groups.append((group_of(rec.row), y, y))
         y += 1.0
     return places, groups
 
 
-def delta_figure(ctx: Context, recs: list[dict], path):
+def delta_figure(ctx: Context, recs: list[report.Row], path):
     plt = png.pyplot()
     from matplotlib.transforms import blended_transform_factory
 
     sweep = ctx.sweep
-    base = next((r for r in recs if r["row"] == sweep.baseline), None)
-    others = [r for r in recs if r["row"] != sweep.baseline]
+    base = next((r for r in recs if r.row == sweep.baseline), None)
+    others = [r for r in recs if r.row != sweep.baseline]
     places, groups = positions(others)
     metrics = list(sweep.metrics)
     height = 0.3 * (places[-1] + 1 if places else 1) + 1.8
@@ -98,7 +98,7 @@ def delta_figure(ctx: Context, recs: list[dict], path):
         ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
     first = axes[0][0]
     fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
-    first.set_yticks(places, [f"{r['row']} (pilot)" if r["pilot"] else r["row"] for r in others])
+    first.set_yticks(places, [f"{r.row} (pilot)" if r.pilot else r.row for r in others])
     first.invert_yaxis()
     last = axes[0][-1]
     to_side = blended_transform_factory(last.transAxes, last.transData)
@@ -151,7 +151,7 @@ def bar_label(ax, y: float, value: float | None, end: float | None) -> None:
 # params.png
 
 
-def params_figure(ctx: Context, recs: list[dict], path):
+def params_figure(ctx: Context, recs: list[report.Row], path):
     plt = png.pyplot()
 
     sweep = ctx.sweep
@@ -159,9 +159,9 @@ def params_figure(ctx: Context, recs: list[dict], path):
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     panels = []
     for ax, side, params_key in ((axes[0], "ours", "params"), (axes[1], "paper", "paper_params")):
-        shown = [r for r in recs if r[params_key] and r[side][metric] is not None]
-        points = [(r[params_key] / 1e6, r[side][metric], r["row"]) for r in shown]
-        spread = [(r["sd"][metric] or 0) if side == "ours" else 0 for r in shown]
+        shown = [r for r in recs if getattr(r, params_key) and getattr(r, side)[metric] is not None]
+        points = [(getattr(r, params_key) / 1e6, getattr(r, side)[metric], r.row) for r in shown]
+        spread = [(r.sd[metric] or 0) if side == "ours" else 0 for r in shown]
         ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=spread, fmt="o", markersize=4, capsize=2)
         if points:
             log_axis(ax.xaxis)

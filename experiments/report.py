@@ -24,6 +24,7 @@ made in its last 20% of steps, and the PPL direction at 1/4, 1/2 and all of the 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import statistics
@@ -36,6 +37,58 @@ from fxformer.errors import UserError
 
 FRACTIONS = (0.25, 0.5, 1.0)  # where along training the direction is shown again (from the dev curves)
 LATE = 0.2  # convergence: the share of the dev PPL gain made in this last part of the steps
+
+
+@dataclasses.dataclass
+class Figures:
+    """A row's final figures on one split, per metric: each seed's value, how many, mean and sd."""
+
+    seeds: dict[str, dict[int, float]]
+    n: dict[str, int]
+    ours: dict[str, float | None]
+    sd: dict[str, float | None]
+    results: dict = dataclasses.field(default_factory=dict)  # the first seed's evaluation (its settings)
+
+
+@dataclasses.dataclass
+class Row:
+    """One row of the table: what it changes, its state, its figures on the sweep's split (and on
+    `more` splits), the reference's, its convergence, and (set by `compare`, per metric) the paired
+    comparison with the baseline. `results.json` holds these fields in this order."""
+
+    row: str
+    pilot: bool
+    changes: str
+    state: str
+    seeds_run: int
+    steps: int
+    total_steps: int
+    params: int | None
+    devices: str | None
+    tokens_per_batch: int
+    commit: str
+    results: dict  # the first seed's evaluation on the sweep's split
+    seeds: dict[str, dict[int, float]]
+    n: dict[str, int]
+    ours: dict[str, float | None]
+    sd: dict[str, float | None]
+    more: dict[str, Figures]
+    paper: dict[str, float | None]
+    paper_params: float | None
+    end_above_lowest: float | None
+    late_share: float | None
+    late_share_seeds: dict[int, float]
+    matched: dict = dataclasses.field(default_factory=dict)  # the mean of the base seeds paired with the row's
+    delta_ours: dict = dataclasses.field(default_factory=dict)
+    se: dict = dataclasses.field(default_factory=dict)
+    pairs: dict = dataclasses.field(default_factory=dict)
+    t: dict = dataclasses.field(default_factory=dict)
+    df: dict = dataclasses.field(default_factory=dict)
+    p: dict = dataclasses.field(default_factory=dict)
+    ci: dict = dataclasses.field(default_factory=dict)
+    delta_paper: dict = dataclasses.field(default_factory=dict)
+    direction: dict = dataclasses.field(default_factory=dict)
+    along: list[str] = dataclasses.field(default_factory=list)  # the direction at FRACTIONS of the steps
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -75,7 +128,7 @@ def more_splits(sweep) -> list[str]:
     return [split for split, _ in sweep.evaluations()[1:]]
 
 
-def gather(ctx: Context, runs, doc: dict | None = None) -> list[dict]:
+def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
     """One record per row of `runs`: its changes versus the baseline, state, per-seed results on
     every split, their mean and sd, the paired comparison with the baseline, the reference's
     figures and its convergence; from `doc` (the sweep's records), else from the root."""
@@ -94,11 +147,11 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[dict]:
     base = rows.get(sweep.baseline)
     for name, rec in rows.items():
         compare(sweep, rec, base)
-        rec["along"] = along(sweep, rec, base, by_row.get(name, []), by_row.get(sweep.baseline, []))
+        rec.along = along(sweep, rec, base, by_row.get(name, []), by_row.get(sweep.baseline, []))
     return [rows[run.name] for run in runs]
 
 
-def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> dict:
+def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row:
     """A row's record before the comparison with the baseline, from its replicates' records."""
     split = sweep.eval_split
     results = next((rep["evals"][split] for rep in reps if split in rep["evals"]), {})
@@ -111,43 +164,47 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> dic
     shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, total, LATE)) is not None}
     more = {s: figures(sweep, reps, s) for s in more_splits(sweep)}
     for s, figs in more.items():  # the first evaluation of that split, for the footer's sentence count
-        figs["results"] = next((rep["evals"][s] for rep in reps if s in rep["evals"]), {})
-    return {
-        "row": run.name,
-        "pilot": run.name in sweep.pilot_rows,
-        "changes": changes(sweep, config, base_config) if run.name != sweep.baseline else "",
-        "state": state,
-        "seeds_run": len(reps),
-        "steps": results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
-        "total_steps": total,
-        "params": results.get("num_params") or info.get("num_params"),
-        "devices": info.get("devices"),
-        "tokens_per_batch": config["data"]["tokens_per_batch"],
-        "commit": ", ".join(sorted({rep["commit"] for rep in reps} - {""})),
-        "results": results,
-        **figures(sweep, reps, split),
-        "more": more,
-        "paper": {m: sweep.reference.get(run.name, {}).get(m) for m in sweep.metrics},
-        "paper_params": sweep.reference.get(run.name, {}).get("params"),
-        "end_above_lowest": max((r for c in curves.values() if (r := end_above_lowest(c)) is not None), default=None),
-        "late_share": statistics.fmean(shares.values()) if shares else None,
-        "late_share_seeds": shares,
-    }
+        figs.results = next((rep["evals"][s] for rep in reps if s in rep["evals"]), {})
+    main = figures(sweep, reps, split)
+    return Row(
+        row=run.name,
+        pilot=run.name in sweep.pilot_rows,
+        changes=changes(sweep, config, base_config) if run.name != sweep.baseline else "",
+        state=state,
+        seeds_run=len(reps),
+        steps=results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
+        total_steps=total,
+        params=results.get("num_params") or info.get("num_params"),
+        devices=info.get("devices"),
+        tokens_per_batch=config["data"]["tokens_per_batch"],
+        commit=", ".join(sorted({rep["commit"] for rep in reps} - {""})),
+        results=results,
+        seeds=main.seeds,
+        n=main.n,
+        ours=main.ours,
+        sd=main.sd,
+        more=more,
+        paper={m: sweep.reference.get(run.name, {}).get(m) for m in sweep.metrics},
+        paper_params=sweep.reference.get(run.name, {}).get("params"),
+        end_above_lowest=max((r for c in curves.values() if (r := end_above_lowest(c)) is not None), default=None),
+        late_share=statistics.fmean(shares.values()) if shares else None,
+        late_share_seeds=shares,
+    )
 
 
-def figures(sweep, reps: list[dict], split: str) -> dict:
+def figures(sweep, reps: list[dict], split: str) -> Figures:
     """Per metric on `split`: each seed's final value, how many, their mean and sd."""
     seeds = {
         m: {rep["seed"]: rep["evals"][split][m] for rep in reps if m in rep["evals"].get(split, {})}
         for m in sweep.metrics
     }
     spread = {m: stats.mean_sd(list(seeds[m].values())) for m in sweep.metrics}
-    return {
-        "seeds": seeds,
-        "n": {m: len(seeds[m]) for m in sweep.metrics},
-        "ours": {m: spread[m][0] for m in sweep.metrics},
-        "sd": {m: spread[m][1] for m in sweep.metrics},
-    }
+    return Figures(
+        seeds=seeds,
+        n={m: len(seeds[m]) for m in sweep.metrics},
+        ours={m: spread[m][0] for m in sweep.metrics},
+        sd={m: spread[m][1] for m in sweep.metrics},
+    )
 
 
 def dev_curves(reps: list[dict], key: str) -> dict[int, dict[int, float]]:
@@ -166,21 +223,18 @@ def end_above_lowest(points: dict[int, float]) -> float | None:
     return points[max(points)] - min(points.values()) if points else None
 
 
-def compare(sweep, rec: dict, base: dict | None) -> None:
+def compare(sweep, rec: Row, base: Row | None) -> None:
     """The row against the baseline, per metric: the paired test and both directions."""
-    keys = ("matched", "delta_ours", "se", "pairs", "t", "df", "p", "ci", "delta_paper", "direction")
-    for key in keys:
-        rec[key] = {}
     is_base = base is None or rec is base
     for m in sweep.metrics:
-        test = stats.Paired() if is_base else stats.paired(rec["seeds"][m], base["seeds"][m])
-        rec["matched"][m], rec["delta_ours"][m], rec["se"][m] = test.matched, test.mean, test.se
-        rec["pairs"][m], rec["t"][m], rec["df"][m], rec["p"][m] = test.pairs, test.t, test.df, test.p
-        rec["ci"][m] = None if test.low is None else [test.low, test.high]
-        paper, base_paper = rec["paper"][m], base["paper"][m] if base else None
-        rec["delta_paper"][m] = None if paper is None or base_paper is None or is_base else paper - base_paper
-        reference = stats.reference_sign(rec["delta_paper"][m], base_paper, sweep.noise.get(m, {}))
-        rec["direction"][m] = "" if rec["row"] == sweep.baseline else judge(test, reference)
+        test = stats.Paired() if is_base else stats.paired(rec.seeds[m], base.seeds[m])
+        rec.matched[m], rec.delta_ours[m], rec.se[m] = test.matched, test.mean, test.se
+        rec.pairs[m], rec.t[m], rec.df[m], rec.p[m] = test.pairs, test.t, test.df, test.p
+        rec.ci[m] = None if test.low is None else [test.low, test.high]
+        paper, base_paper = rec.paper[m], base.paper[m] if base else None
+        rec.delta_paper[m] = None if paper is None or base_paper is None or is_base else paper - base_paper
+        reference = stats.reference_sign(rec.delta_paper[m], base_paper, sweep.noise.get(m, {}))
+        rec.direction[m] = "" if rec.row == sweep.baseline else judge(test, reference)
 
 
 def judge(test: stats.Paired, reference: int | None) -> str:
@@ -193,17 +247,17 @@ def judge(test: stats.Paired, reference: int | None) -> str:
     return stats.verdict(stats.sign(test), reference, test.pairs)
 
 
-def along(sweep, rec: dict, base: dict | None, reps: list[dict], base_reps: list[dict]) -> list[str]:
+def along(sweep, rec: Row, base: Row | None, reps: list[dict], base_reps: list[dict]) -> list[str]:
     """The first metric's direction against the reference's at each of FRACTIONS of the steps,
     from the dev curves (the last evaluation at or before it, paired by seed); [] without curves."""
     metric = next(iter(sweep.metrics))
     row_curves, base_curves = dev_curves(reps, f"dev_{metric}"), dev_curves(base_reps, f"dev_{metric}")
     if base is None or rec is base or not row_curves or not base_curves:
         return []
-    reference = stats.reference_sign(rec["delta_paper"][metric], base["paper"][metric], sweep.noise.get(metric, {}))
+    reference = stats.reference_sign(rec.delta_paper[metric], base.paper[metric], sweep.noise.get(metric, {}))
     out = []
     for f in FRACTIONS:
-        ours, theirs = at_fraction(row_curves, rec["total_steps"], f), at_fraction(base_curves, base["total_steps"], f)
+        ours, theirs = at_fraction(row_curves, rec.total_steps, f), at_fraction(base_curves, base.total_steps, f)
         out.append(judge(stats.paired(ours, theirs), reference) or "?")
     return out
 
@@ -255,20 +309,20 @@ def p_value(p: float | None) -> str:
     return "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
-def interval(rec: dict, m: str) -> str:
+def interval(rec: Row, m: str) -> str:
     """Δ and its 95% interval: '+0.253 [+0.141, +0.365]'."""
-    d, ci = rec["delta_ours"][m], rec["ci"][m]
+    d, ci = rec.delta_ours[m], rec.ci[m]
     if d is None:
         return ""
     return f"{d:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " [n/a]")
 
 
-def t_cell(rec: dict, m: str) -> str:
+def t_cell(rec: Row, m: str) -> str:
     """'9.73 (2), p=0.010': t, its degrees of freedom and the two-sided p."""
-    if rec["p"][m] is None:
+    if rec.p[m] is None:
         return ""
-    t = "no spread" if rec["t"][m] is None else f"{rec['t'][m]:.2f}"
-    return f"{t} ({rec['df'][m]}), {p_value(rec['p'][m])}"
+    t = "no spread" if rec.t[m] is None else f"{rec.t[m]:.2f}"
+    return f"{t} ({rec.df[m]}), {p_value(rec.p[m])}"
 
 
 def share(value: float | None) -> str:
@@ -307,32 +361,32 @@ def fraction(f: float) -> str:
     return {0.25: "1/4", 0.5: "1/2", 1.0: "all"}.get(f, f"{f:g}")
 
 
-def markdown_cells(rec: dict, sweep) -> list[str]:
-    name = f"{rec['row']} (pilot)" if rec["pilot"] else rec["row"]
+def markdown_cells(rec: Row, sweep) -> list[str]:
+    name = f"{rec.row} (pilot)" if rec.pilot else rec.row
     out = [
         name,
-        rec["changes"] or "—",
-        millions(rec["params"]),
-        millions(rec["paper_params"]),
-        str(min(rec["n"].values(), default=0)),
+        rec.changes or "—",
+        millions(rec.params),
+        millions(rec.paper_params),
+        str(min(rec.n.values(), default=0)),
     ]
     for m in sweep.metrics:
-        out.append(plus_minus(rec["ours"][m], rec["sd"][m]))
-        out += [plus_minus(rec["more"][s]["ours"][m], rec["more"][s]["sd"][m]) for s in more_splits(sweep)]
-        out.append(fmt(rec["paper"][m]))
+        out.append(plus_minus(rec.ours[m], rec.sd[m]))
+        out += [plus_minus(rec.more[s].ours[m], rec.more[s].sd[m]) for s in more_splits(sweep)]
+        out.append(fmt(rec.paper[m]))
     for m in sweep.metrics:
         out += [
-            fmt(rec["matched"][m], 3),
+            fmt(rec.matched[m], 3),
             interval(rec, m),
             t_cell(rec, m),
-            signed(rec["delta_paper"][m]),
-            rec["direction"][m],
+            signed(rec.delta_paper[m]),
+            rec.direction[m],
         ]
     return out + [
-        " → ".join(rec["along"]),
-        share(rec["late_share"]),
-        f"{rec['steps']}/{rec['total_steps']}",
-        rec["state"],
+        " → ".join(rec.along),
+        share(rec.late_share),
+        f"{rec.steps}/{rec.total_steps}",
+        rec.state,
     ]
 
 
@@ -362,45 +416,45 @@ def header(sweep) -> list[str]:
     return cols + [f"{m1} gain share last {share(LATE)}", "steps", "state"]
 
 
-def cells(rec: dict, sweep) -> list[str]:
+def cells(rec: Row, sweep) -> list[str]:
     out = [
-        rec["row"],
-        "yes" if rec["pilot"] else "",
-        rec["changes"] or "—",
-        millions(rec["params"]),
-        millions(rec["paper_params"]),
-        str(min(rec["n"].values(), default=0)),
+        rec.row,
+        "yes" if rec.pilot else "",
+        rec.changes or "—",
+        millions(rec.params),
+        millions(rec.paper_params),
+        str(min(rec.n.values(), default=0)),
     ]
     for m in sweep.metrics:
-        for figs in (rec, *(rec["more"][s] for s in more_splits(sweep))):
-            out += [fmt(figs["ours"][m], 3), fmt(figs["sd"][m], 3)]
-        out.append(fmt(rec["paper"][m]))
+        for figs in (rec, *(rec.more[s] for s in more_splits(sweep))):
+            out += [fmt(figs.ours[m], 3), fmt(figs.sd[m], 3)]
+        out.append(fmt(rec.paper[m]))
     for m in sweep.metrics:
-        ci = rec["ci"][m] or [None, None]
+        ci = rec.ci[m] or [None, None]
         out += [
-            fmt(rec["matched"][m], 3),
-            signed(rec["delta_ours"][m], 3),
-            fmt(rec["se"][m], 3),
+            fmt(rec.matched[m], 3),
+            signed(rec.delta_ours[m], 3),
+            fmt(rec.se[m], 3),
             signed(ci[0], 3),
             signed(ci[1], 3),
-            fmt(rec["t"][m], 3),
-            fmt(rec["df"][m]),
-            fmt(rec["p"][m], 4),
-            signed(rec["delta_paper"][m]),
-            rec["direction"][m],
+            fmt(rec.t[m], 3),
+            fmt(rec.df[m]),
+            fmt(rec.p[m], 4),
+            signed(rec.delta_paper[m]),
+            rec.direction[m],
         ]
-    out += rec["along"] or [""] * len(FRACTIONS)
-    return out + [fmt(rec["late_share"], 3), f"{rec['steps']}/{rec['total_steps']}", rec["state"]]
+    out += rec.along or [""] * len(FRACTIONS)
+    return out + [fmt(rec.late_share, 3), f"{rec.steps}/{rec.total_steps}", rec.state]
 
 
 # ---------------------------------------------------------------------------------------------
 # The footer: what the table is and how it was judged
 
 
-def footer(sweep, source: dict, recs: list[dict]) -> list[str]:
-    finished = [r for r in recs if r["results"]]
-    first = finished[0]["results"] if finished else {}
-    unique = lambda key: sorted({str(r[key]) for r in recs if r[key]}) or ["?"]  # noqa: E731
+def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
+    finished = [r for r in recs if r.results]
+    first = finished[0].results if finished else {}
+    unique = lambda key: sorted({str(getattr(r, key)) for r in recs if getattr(r, key)}) or ["?"]  # noqa: E731
     lines = [
         f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {len(finished)} of {len(recs)} "
         f"rows finished; collected {source['collected']}.",
@@ -416,21 +470,21 @@ def footer(sweep, source: dict, recs: list[dict]) -> list[str]:
         statistics_note(sweep) + " " + reference_rule(sweep),
         convergence_note(sweep, recs),
     ]
-    if any(r["end_above_lowest"] is not None for r in recs):
+    if any(r.end_above_lowest is not None for r in recs):
         lines.append(end_note(recs))
     lines += [line for m in sweep.metrics if (line := count_line(recs, m))]
     return lines
 
 
-def more_splits_note(sweep, recs: list[dict]) -> str:
+def more_splits_note(sweep, recs: list[Row]) -> str:
     """'; and test, 1000 sentences, decoded the same way (20 of 20 rows)', or why those columns are blank."""
     out = ""
     for split in more_splits(sweep):
-        done = [r for r in recs if r["more"][split]["results"]]
+        done = [r for r in recs if r.more[split].results]
         if not done:
             out += f"; {split}: no evaluation in these records (its columns are blank)"
             continue
-        n = done[0]["more"][split]["results"].get("num_sentences", "?")
+        n = done[0].more[split].results.get("num_sentences", "?")
         out += f"; and {split}, {n} sentences, decoded the same way ({len(done)} of {len(recs)} rows)"
     return out
 
@@ -464,9 +518,9 @@ def reference_rule(sweep) -> str:
     )
 
 
-def convergence_note(sweep, recs: list[dict]) -> str:
+def convergence_note(sweep, recs: list[Row]) -> str:
     m1 = first_metric(sweep)
-    if not any(r["along"] or r["late_share"] is not None for r in recs):
+    if not any(r.along or r.late_share is not None for r in recs):
         return "Convergence: these records hold no dev curves, so the convergence columns are blank."
     return (
         f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
@@ -477,14 +531,14 @@ def convergence_note(sweep, recs: list[dict]) -> str:
     )
 
 
-def end_note(recs: list[dict]) -> str:
+def end_note(recs: list[Row]) -> str:
     """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
-    measured = [r for r in recs if r["end_above_lowest"] is not None]
-    rises = [r["end_above_lowest"] for r in measured]
+    measured = [r for r in recs if r.end_above_lowest is not None]
+    rises = [r.end_above_lowest for r in measured]
     above = [
-        f"{r['row']} (+{r['end_above_lowest']:.3f}, seed sd {r['sd']['ppl']:.3f})"
+        f"{r.row} (+{r.end_above_lowest:.3f}, seed sd {r.sd['ppl']:.3f})"
         for r in measured
-        if r["sd"].get("ppl") is not None and r["end_above_lowest"] > r["sd"]["ppl"]
+        if r.sd.get("ppl") is not None and r.end_above_lowest > r.sd["ppl"]
     ]
     return (
         f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
@@ -496,27 +550,27 @@ def end_note(recs: list[dict]) -> str:
 COUNTED = ("agree", "disagree", "tie")
 
 
-def count_line(recs: list[dict], m: str) -> str | None:
+def count_line(recs: list[Row], m: str) -> str | None:
     """The headline: how many rows agree with the paper's direction, pilot rows left out."""
-    judged = [r for r in recs if r["direction"][m]]
-    pilots = [r for r in judged if r["pilot"]]
-    rows = [r for r in judged if not r["pilot"]]
-    counted = [r for r in rows if r["direction"][m] in COUNTED]
-    verdicts = [r["direction"][m] for r in counted]
+    judged = [r for r in recs if r.direction[m]]
+    pilots = [r for r in judged if r.pilot]
+    rows = [r for r in judged if not r.pilot]
+    counted = [r for r in rows if r.direction[m] in COUNTED]
+    verdicts = [r.direction[m] for r in counted]
     if not counted and rows:
-        agree = sum(r["direction"][m].endswith("agree") and "disagree" not in r["direction"][m] for r in rows)
+        agree = sum(r.direction[m].endswith("agree") and "disagree" not in r.direction[m] for r in rows)
         return f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(rows)}."
     if not counted:
         return None
     text = (
         f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "
         f"agree, {verdicts.count('tie')} tie, {verdicts.count('disagree')} disagree, of the {len(counted)} rows with "
-        f"2 or more paired seeds where the paper's difference is not a tie ({', '.join(r['row'] for r in counted)})"
+        f"2 or more paired seeds where the paper's difference is not a tie ({', '.join(r.row for r in counted)})"
     )
     if pilots:
         text += (
             "; not counted: the pilot rows, on which the recipe was chosen (with the baseline, on the same dev set): "
-            + ", ".join(f"{r['row']} {r['direction'][m]}" for r in pilots)
+            + ", ".join(f"{r.row} {r.direction[m]}" for r in pilots)
         )
     more = len(rows) - len(counted)
     return text + (f"; {more} more rows have one seed or are paper ties." if more else ".")
@@ -526,14 +580,14 @@ def count_line(recs: list[dict], m: str) -> str | None:
 # collect
 
 
-def markdown(sweep, source: dict, recs: list[dict]) -> str:
+def markdown(sweep, source: dict, recs: list[Row]) -> str:
     cols = markdown_header(sweep)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(markdown_cells(r, sweep)) + " |" for r in recs]
     return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in footer(sweep, source, recs)) + "\n"
 
 
-def to_csv(sweep, recs: list[dict]) -> str:
+def to_csv(sweep, recs: list[Row]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(header(sweep))
@@ -553,7 +607,7 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
         "profile": source["profile"],
         "source": source,
         "footer": footer(ctx.sweep, source, recs),
-        "rows": recs,
+        "rows": [dataclasses.asdict(rec) for rec in recs],
     }
     written = ["table.md", "table.csv", "results.json"]
     paths.write_atomic(directory / "table.md", table)

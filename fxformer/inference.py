@@ -320,10 +320,10 @@ def progress(done: int, total: int, start: float, what: str) -> None:
 
 
 def translate_examples(
+    *,
     translate,
     params,
     examples: list[dict],
-    *,
     tokenizer: Tokenizer,
     batch_size: int,
     length: int,
@@ -363,9 +363,9 @@ def translate_sources(
     config's eval batch size. `fxformer.translate` and `fxformer.attention_maps` translate with it."""
     examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
     return translate_examples(
-        translator(run.model, run.mesh, run.decode),
-        run.params,
-        examples,
+        translate=translator(run.model, run.mesh, run.decode),
+        params=run.params,
+        examples=examples,
         tokenizer=run.tokenizer,
         batch_size=batch_size or run.config.data.eval_batch_size,
         mesh=run.mesh,
@@ -411,9 +411,9 @@ class BestTranslations:
 
     def __call__(self, params, what: str | None = None) -> list[str]:
         translated = translate_examples(
-            self.translate,
-            params,
-            self.examples,
+            translate=self.translate,
+            params=params,
+            examples=self.examples,
             tokenizer=self.tokenizer,
             batch_size=self.batch_size,
             length=self.length,

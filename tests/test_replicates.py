@@ -136,26 +136,26 @@ def write_results(ctx: Context) -> None:
 def test_collect_statistics_equal_numpy_on_hand_made_results(tmp_path):
     ctx = context(tmp_path / "t3", "--seeds=4")
     write_results(ctx)
-    rows = {rec["row"]: rec for rec in report.gather(ctx, ctx.sweep.select("base,B1,C1"))}
+    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select("base,B1,C1"))}
     for row, (ppls, bleus) in HAND_MADE.items():
         for metric, values in (("ppl", ppls), ("bleu", bleus)):
             rec = rows[row]
-            assert rec["n"][metric] == len(values)
-            assert rec["ours"][metric] == pytest.approx(np.mean(values))
+            assert rec.n[metric] == len(values)
+            assert rec.ours[metric] == pytest.approx(np.mean(values))
             if len(values) > 1:
-                assert rec["sd"][metric] == pytest.approx(np.std(values, ddof=1))
+                assert rec.sd[metric] == pytest.approx(np.std(values, ddof=1))
             else:
-                assert rec["sd"][metric] is None
+                assert rec.sd[metric] is None
     for metric, index in (("ppl", 0), ("bleu", 1)):
         diffs = np.array(HAND_MADE["B1"][index]) - np.array(HAND_MADE["base"][index][:3])  # seed k - seed k
-        assert rows["B1"]["pairs"][metric] == 3
-        assert rows["B1"]["delta_ours"][metric] == pytest.approx(diffs.mean())
-        assert rows["B1"]["se"][metric] == pytest.approx(diffs.std(ddof=1) / np.sqrt(3))
+        assert rows["B1"].pairs[metric] == 3
+        assert rows["B1"].delta_ours[metric] == pytest.approx(diffs.mean())
+        assert rows["B1"].se[metric] == pytest.approx(diffs.std(ddof=1) / np.sqrt(3))
     # B1's PPL difference is many SE above 0 and the paper's +0.24 is no tie: agree; its BLEU: a tie
-    assert rows["B1"]["direction"]["ppl"] == "agree"
-    assert rows["B1"]["direction"]["bleu"] == "tie"
-    assert rows["C1"]["se"]["ppl"] is None and rows["C1"]["direction"]["ppl"].startswith("1 seed")
-    assert rows["C1"]["delta_ours"]["ppl"] == pytest.approx(2.02 - 2.00)
+    assert rows["B1"].direction["ppl"] == "agree"
+    assert rows["B1"].direction["bleu"] == "tie"
+    assert rows["C1"].se["ppl"] is None and rows["C1"].direction["ppl"].startswith("1 seed")
+    assert rows["C1"].delta_ours["ppl"] == pytest.approx(2.02 - 2.00)
 
 
 def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
@@ -197,7 +197,7 @@ def test_collect_says_whether_runs_end_at_their_lowest_dev_perplexity(tmp_path):
         lines = [json.dumps({"step": 100 * (i + 1), "dev_ppl": v}) for i, v in enumerate(values)]
         (Path(ctx.root) / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     records = report.gather(ctx, ctx.sweep.select("base,B1,C1"))
-    rises = {rec["row"]: rec["end_above_lowest"] for rec in records}
+    rises = {rec.row: rec.end_above_lowest for rec in records}
     assert rises == {"base": pytest.approx(0.05), "B1": pytest.approx(0.4), "C1": None}  # the worst seed's rise
     note = report.end_note(records)
     sd_b1 = np.std(HAND_MADE["B1"][0], ddof=1)  # 0.061: B1 rise of 0.4 is above it; base 0.05 below its 0.065
@@ -310,25 +310,25 @@ def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path)
 
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
-    rows = {rec["row"]: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
+    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
     cells = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
-    assert rows["C1"]["pilot"] and rows["D1"]["pilot"] and not rows["A1"]["pilot"]
+    assert rows["C1"].pilot and rows["D1"].pilot and not rows["A1"].pilot
     assert "C1 (pilot)" in cells and "D1 (pilot)" in cells
     # test beside dev: C1's mean ± sd of its three test runs, A1's blank (no test evaluation yet)
-    assert rows["C1"]["more"]["test"]["ours"]["ppl"] == pytest.approx(2.20)
+    assert rows["C1"].more["test"].ours["ppl"] == pytest.approx(2.20)
     assert cells["C1 (pilot)"][6].strip() == "2.200 ± 0.050" and cells["A1"][6].strip() == ""
     assert "and test, 1000 sentences, decoded the same way (3 of 4 rows)" in table
     # the matched base is the mean of the base seeds Δ is measured from: row mean - matched base = Δ
     a1 = rows["A1"]
-    assert a1["ours"]["ppl"] - a1["matched"]["ppl"] == pytest.approx(a1["delta_ours"]["ppl"])
+    assert a1.ours["ppl"] - a1.matched["ppl"] == pytest.approx(a1.delta_ours["ppl"])
     # C1 learns faster at first (better at 1/4), level at 1/2, worse at the end, as in the paper
-    assert rows["C1"]["along"] == ["disagree", "tie", "agree"] and "disagree → tie → agree" in cells["C1 (pilot)"][-4]
+    assert rows["C1"].along == ["disagree", "tie", "agree"] and "disagree → tie → agree" in cells["C1 (pilot)"][-4]
     for name, rec in rows.items():
         curves = [fake_curve(*points) for points, _ in FAKE[name]]
         share = np.mean([(c[800] - c[1000]) / (c[100] - c[1000]) for c in curves])
-        assert rec["late_share"] == pytest.approx(share), name
-        assert cells[f"{name} (pilot)" if rec["pilot"] else name][-3].strip() == f"{100 * share:.0f}%"
+        assert rec.late_share == pytest.approx(share), name
+        assert cells[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * share:.0f}%"
     # the headline counts A1 alone: the pilot rows are named, with their verdicts, and not counted
     count = next(line for line in table.splitlines() if line.startswith("PPL direction as the paper's"))
     assert "0 agree, 0 tie, 1 disagree, of the 1 rows" in count and "(A1)" in count
