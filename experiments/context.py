@@ -117,6 +117,7 @@ class Context:
             logdir=logdir,
             train=train,
             more_evals=tuple(evals[1:]),
+            workdir=workdir,
         )
 
 

@@ -8,7 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from experiments.cli import flag_value, say, which
+from experiments.cli import say, which
 from fxformer import exitcodes
 from fxformer.errors import UserError
 from fxformer.paths import is_url
@@ -28,10 +28,7 @@ class Job:
     train: bool = True
     more_evals: tuple[tuple[str, ...], ...] = ()
     hold_log: bool = False  # the logdir lies in the workdir: write nothing there until train accepts the run
-
-    @property
-    def workdir(self) -> str:
-        return flag_value(list(self.train_flags), "workdir") or ""
+    workdir: str = ""  # the run's --workdir (also among train_flags, which are passed on as given)
 
     def evaluations(self, cluster_flags: list[str]) -> list[list[str]]:
         """fxformer.evaluate's module and flags, once per evaluation, in order."""

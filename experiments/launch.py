@@ -61,6 +61,7 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
         eval_flags=tuple(shlex.split(args.eval_flags)),
         logdir=logdir,
         hold_log=hold,
+        workdir=workdir or "",
     )
 
 

@@ -28,6 +28,7 @@ import dataclasses
 import io
 import json
 import statistics
+from collections.abc import Callable
 
 from experiments import records, stats
 from experiments.context import Context
@@ -333,118 +334,114 @@ def first_metric(sweep) -> str:
     return next(iter(sweep.metrics)).upper()
 
 
-def markdown_header(sweep) -> list[str]:
-    split, m1 = label(sweep.eval_split), first_metric(sweep)
-    cols = ["row", "changes vs base", "params ours (M)", "params paper (M)", "n"]
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of table.md (`md`, its cell from a row; None: not a column there) and the
+    columns of table.csv it is there (`csv`, one value a cell): one list defines both tables."""
+
+    md: str | None
+    csv: tuple[str, ...]
+    md_cell: Callable[[Row], str] | None
+    csv_cells: Callable[[Row], list[str]]
+
+
+def same(name: str, cell: Callable[[Row], str]) -> Column:
+    """A column that is the same in both tables."""
+    return Column(name, (name,), cell, lambda r: [cell(r)])
+
+
+def columns(sweep) -> list[Column]:
+    """The table's columns, in order: the row, its figures per metric, the comparisons with the
+    baseline per metric, its convergence, its steps and state."""
+    seeds = lambda r: str(min(r.n.values(), default=0))  # noqa: E731
+    out = [
+        Column("row", ("row",), lambda r: f"{r.row} (pilot)" if r.pilot else r.row, lambda r: [r.row]),
+        Column(None, ("pilot",), None, lambda r: ["yes" if r.pilot else ""]),
+        same("changes vs base", lambda r: r.changes or "—"),
+        same("params ours (M)", lambda r: millions(r.params)),
+        same("params paper (M)", lambda r: millions(r.paper_params)),
+        Column("n", ("seeds",), seeds, lambda r: [seeds(r)]),
+    ]
     for m in sweep.metrics:
-        cols += [f"{split} {m.upper()} ours (mean ± sd)"]
-        cols += [f"{label(s)} {m.upper()} ours (mean ± sd)" for s in more_splits(sweep)]
-        cols += [f"{split} {m.upper()} paper"]
+        out += figures_columns(sweep, m)
     for m in sweep.metrics:
-        cols += [
-            f"{split} {m.upper()} base, matched",
-            f"Δ{m.upper()} ours [95% CI]",
-            f"{m.upper()} t (df), p",
-            f"Δ{m.upper()} paper",
-            f"{m.upper()} direction",
+        out += comparison_columns(label(sweep.eval_split), m)
+    return (
+        out
+        + convergence_columns(first_metric(sweep))
+        + [
+            same("steps", lambda r: f"{r.steps}/{r.total_steps}"),
+            same("state", lambda r: r.state),
         ]
+    )
+
+
+def figures_columns(sweep, m: str) -> list[Column]:
+    """Mean ± sd over the seeds on the sweep's split and each of `more_splits`, then the paper's."""
+    out, M = [], m.upper()
+    for s in (sweep.eval_split, *more_splits(sweep)):
+        figs = (lambda r: r) if s == sweep.eval_split else (lambda r, s=s: r.more[s])
+        out.append(
+            Column(
+                f"{label(s)} {M} ours (mean ± sd)",
+                (f"{label(s)} {M} ours", f"{label(s)} {M} sd"),
+                lambda r, figs=figs: plus_minus(figs(r).ours[m], figs(r).sd[m]),
+                lambda r, figs=figs: [fmt(figs(r).ours[m], 3), fmt(figs(r).sd[m], 3)],
+            )
+        )
+    return out + [same(f"{label(sweep.eval_split)} {M} paper", lambda r: fmt(r.paper[m]))]
+
+
+def comparison_columns(split: str, m: str) -> list[Column]:
+    """The paired comparison with the baseline (compare): the matched base, Δ with its interval,
+    the t-test, the paper's Δ and the direction."""
+    M = m.upper()
+    ci = lambda r: r.ci[m] or [None, None]  # noqa: E731
+    return [
+        Column(
+            f"{split} {M} base, matched",
+            (f"{split} {M} base matched",),
+            lambda r: fmt(r.matched[m], 3),
+            lambda r: [fmt(r.matched[m], 3)],
+        ),
+        Column(
+            f"Δ{M} ours [95% CI]",
+            (f"Δ{M} ours", f"Δ{M} SE", f"Δ{M} CI low", f"Δ{M} CI high"),
+            lambda r: interval(r, m),
+            lambda r: [signed(r.delta_ours[m], 3), fmt(r.se[m], 3), signed(ci(r)[0], 3), signed(ci(r)[1], 3)],
+        ),
+        Column(
+            f"{M} t (df), p",
+            (f"{M} t", f"{M} df", f"{M} p"),
+            lambda r: t_cell(r, m),
+            lambda r: [fmt(r.t[m], 3), fmt(r.df[m]), fmt(r.p[m], 4)],
+        ),
+        same(f"Δ{M} paper", lambda r: signed(r.delta_paper[m])),
+        Column(f"{M} direction", (f"{M} direction vs paper",), lambda r: r.direction[m], lambda r: [r.direction[m]]),
+    ]
+
+
+def convergence_columns(m1: str) -> list[Column]:
+    """The first metric's direction along training, and the share of its gain made late."""
     fractions = " → ".join(fraction(f) for f in FRACTIONS)
-    return cols + [
-        f"{m1} direction at {fractions} of the steps",
-        f"{m1} gain in the last {share(LATE)}",
-        "steps",
-        "state",
+    return [
+        Column(
+            f"{m1} direction at {fractions} of the steps",
+            tuple(f"{m1} direction at {fraction(f)}" for f in FRACTIONS),
+            lambda r: " → ".join(r.along),
+            lambda r: r.along or [""] * len(FRACTIONS),
+        ),
+        Column(
+            f"{m1} gain in the last {share(LATE)}",
+            (f"{m1} gain share last {share(LATE)}",),
+            lambda r: share(r.late_share),
+            lambda r: [fmt(r.late_share, 3)],
+        ),
     ]
 
 
 def fraction(f: float) -> str:
     return {0.25: "1/4", 0.5: "1/2", 1.0: "all"}.get(f, f"{f:g}")
-
-
-def markdown_cells(rec: Row, sweep) -> list[str]:
-    name = f"{rec.row} (pilot)" if rec.pilot else rec.row
-    out = [
-        name,
-        rec.changes or "—",
-        millions(rec.params),
-        millions(rec.paper_params),
-        str(min(rec.n.values(), default=0)),
-    ]
-    for m in sweep.metrics:
-        out.append(plus_minus(rec.ours[m], rec.sd[m]))
-        out += [plus_minus(rec.more[s].ours[m], rec.more[s].sd[m]) for s in more_splits(sweep)]
-        out.append(fmt(rec.paper[m]))
-    for m in sweep.metrics:
-        out += [
-            fmt(rec.matched[m], 3),
-            interval(rec, m),
-            t_cell(rec, m),
-            signed(rec.delta_paper[m]),
-            rec.direction[m],
-        ]
-    return out + [
-        " → ".join(rec.along),
-        share(rec.late_share),
-        f"{rec.steps}/{rec.total_steps}",
-        rec.state,
-    ]
-
-
-def header(sweep) -> list[str]:
-    """The CSV's columns: one value a cell."""
-    split, m1 = label(sweep.eval_split), first_metric(sweep)
-    cols = ["row", "pilot", "changes vs base", "params ours (M)", "params paper (M)", "seeds"]
-    for m in sweep.metrics:
-        for s in (split, *(label(s) for s in more_splits(sweep))):
-            cols += [f"{s} {m.upper()} ours", f"{s} {m.upper()} sd"]
-        cols += [f"{split} {m.upper()} paper"]
-    for m in sweep.metrics:
-        M = m.upper()
-        cols += [
-            f"{split} {M} base matched",
-            f"Δ{M} ours",
-            f"Δ{M} SE",
-            f"Δ{M} CI low",
-            f"Δ{M} CI high",
-            f"{M} t",
-            f"{M} df",
-            f"{M} p",
-            f"Δ{M} paper",
-            f"{M} direction vs paper",
-        ]
-    cols += [f"{m1} direction at {fraction(f)}" for f in FRACTIONS]
-    return cols + [f"{m1} gain share last {share(LATE)}", "steps", "state"]
-
-
-def cells(rec: Row, sweep) -> list[str]:
-    out = [
-        rec.row,
-        "yes" if rec.pilot else "",
-        rec.changes or "—",
-        millions(rec.params),
-        millions(rec.paper_params),
-        str(min(rec.n.values(), default=0)),
-    ]
-    for m in sweep.metrics:
-        for figs in (rec, *(rec.more[s] for s in more_splits(sweep))):
-            out += [fmt(figs.ours[m], 3), fmt(figs.sd[m], 3)]
-        out.append(fmt(rec.paper[m]))
-    for m in sweep.metrics:
-        ci = rec.ci[m] or [None, None]
-        out += [
-            fmt(rec.matched[m], 3),
-            signed(rec.delta_ours[m], 3),
-            fmt(rec.se[m], 3),
-            signed(ci[0], 3),
-            signed(ci[1], 3),
-            fmt(rec.t[m], 3),
-            fmt(rec.df[m]),
-            fmt(rec.p[m], 4),
-            signed(rec.delta_paper[m]),
-            rec.direction[m],
-        ]
-    out += rec.along or [""] * len(FRACTIONS)
-    return out + [fmt(rec.late_share, 3), f"{rec.steps}/{rec.total_steps}", rec.state]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,17 +578,18 @@ def count_line(recs: list[Row], m: str) -> str | None:
 
 
 def markdown(sweep, source: dict, recs: list[Row]) -> str:
-    cols = markdown_header(sweep)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(markdown_cells(r, sweep)) + " |" for r in recs]
+    shown = [c for c in columns(sweep) if c.md is not None]
+    lines = ["| " + " | ".join(c.md for c in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(c.md_cell(r) for c in shown) + " |" for r in recs]
     return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in footer(sweep, source, recs)) + "\n"
 
 
 def to_csv(sweep, recs: list[Row]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(header(sweep))
-    writer.writerows(cells(r, sweep) for r in recs)
+    cols = columns(sweep)
+    writer.writerow([name for c in cols for name in c.csv])
+    writer.writerows([value for c in cols for value in c.csv_cells(r)] for r in recs)
     return out.getvalue()
 
 
