@@ -1,8 +1,10 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 # One compilation cache for the whole session, shared by every command the tests start: the
 # same tiny model is compiled by dozens of processes (identical programs, identical results).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="fxformer-test-jax-cache-"))
+# The process that makes it (pytest itself, before its xdist workers start) removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="fxformer-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
