@@ -8,7 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from experiments.cli import say, which
+from experiments.cli import flag_value, say, which
 from fxformer import exitcodes
 from fxformer.errors import UserError
 from fxformer.paths import is_url
@@ -29,6 +29,11 @@ class Job:
     more_evals: tuple[tuple[str, ...], ...] = ()
     hold_log: bool = False  # the logdir lies in the workdir: write nothing there until train accepts the run
     workdir: str = ""  # the run's --workdir (also among train_flags, which are passed on as given)
+
+    def __post_init__(self):
+        given = flag_value(list(self.train_flags), "workdir") or ""
+        if given != self.workdir:  # evaluation would read another directory than training writes
+            raise ValueError(f"Job {self.name}: workdir={self.workdir!r} but its train flags give --workdir={given!r}")
 
     def evaluations(self, cluster_flags: list[str]) -> list[list[str]]:
         """fxformer.evaluate's module and flags, once per evaluation, in order."""

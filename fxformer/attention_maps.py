@@ -188,7 +188,7 @@ def position_name(kind: str, query: int, key: int, num_keys: int) -> str:
 
 def head_summary(w: Weights) -> list[dict]:
     """Per kind, layer and head (from 1): the mean entropy of its queries' attention in bits, and
-    the place (`place`) most of its queries attend to most, with the share of queries that do."""
+    the place (`position_name`) most of its queries attend to most, with the share of queries that do."""
     rows = []
     for kind in KINDS:
         a = w.of(kind).astype(np.float64)  # [N, h, q, k]
