@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
@@ -167,6 +168,14 @@ def ended(process: subprocess.Popen, timeout_s: float = 120) -> tuple[int, str, 
             out, err = process.communicate()
         pytest.fail(f"{' '.join(map(str, process.args[:3]))} did not end in {timeout_s:.0f} s; its stacks:\n{err}")
     return process.returncode, out, err
+
+
+def wait_while_running(process: subprocess.Popen, done, deadline: float, every_s: float = 0.05) -> None:
+    """Poll `done()` every `every_s` seconds until it is true; the test fails if the command ends
+    first or the time (`deadline`, as time.time()) runs out."""
+    while not done():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(every_s)
 
 
 def run_train(workdir, data_dir, devices=1, **overrides):

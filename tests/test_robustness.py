@@ -16,7 +16,6 @@ from fxformer.errors import UserError
 
 @pytest.mark.slow
 def test_a_refused_model_writes_nothing_and_the_corrected_command_trains(tmp_path, data_dir, corpus):
-
     workdir = tmp_path / "w"
     with left_as_is(workdir):
         bad = subprocess.run(
@@ -168,7 +167,6 @@ def test_evaluate_reports_chrf_and_writes_no_carriage_returns_to_a_log(eight_dev
 
 @pytest.mark.slow
 def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir, corpus):
-
     from conftest import TINY
 
     _, builder, _ = corpus

@@ -15,7 +15,6 @@ from fxformer import exitcodes
 
 @pytest.mark.slow
 def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_it(tmp_path, data_dir, corpus):
-
     from conftest import final_params, run_train
 
     workdir = tmp_path / "w"
@@ -46,7 +45,6 @@ def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_i
 
 @pytest.mark.slow
 def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path, data_dir, corpus):
-
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.1, eval_every_steps=1)
     result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
@@ -146,7 +144,6 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
 
 @pytest.mark.slow
 def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
-
     workdir = tmp_path / "w"
     # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
     command = train_command(

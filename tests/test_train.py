@@ -13,7 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
-from conftest import TINY, env_with_devices, final_params, logged, run_train, small_config, train_command
+from conftest import (
+    TINY,
+    env_with_devices,
+    final_params,
+    logged,
+    run_train,
+    small_config,
+    train_command,
+    wait_while_running,
+)
 from jax.sharding import AxisType, Mesh
 
 from fxformer import exitcodes, optim, parallel, train, trainstate
@@ -204,9 +213,7 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipelin
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 300
-    while not (killed / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists():
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.02)
+    wait_while_running(process, (killed / "checkpoints" / "30" / "_CHECKPOINT_METADATA").exists, deadline, every_s=0.02)
     workers = psutil.Process(process.pid).children(recursive=True)  # grain's, if any
     assert len(workers) >= pipeline_flags.get("data.workers", 0)
     process.send_signal(signal.SIGKILL)
@@ -239,9 +246,8 @@ def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path
         text=True,
     )
     deadline = time.time() + 300
-    while not (workdir / "metrics.jsonl").exists() or len(logged(workdir)) < 3:
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    three_logged = lambda: (workdir / "metrics.jsonl").exists() and len(logged(workdir)) >= 3  # noqa: E731
+    wait_while_running(process, three_logged, deadline)
     process.send_signal(sig)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == exitcodes.STOPPED != exitcodes.OK, stderr[-2000:]  # a finished run exits 0

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cut_short, ended, env_with_devices, left_as_is, run_train, train_command
+from conftest import cut_short, ended, env_with_devices, left_as_is, run_train, train_command, wait_while_running
 
 from fxformer import exitcodes
 
@@ -177,9 +177,7 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
         command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 120
-    while not (workdir / "checkpoints" / "10").exists():
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.1)
+    wait_while_running(process, (workdir / "checkpoints" / "10").exists, deadline, every_s=0.1)
     shutil.rmtree(workdir, ignore_errors=True)  # the run goes on writing: some files may stay
     status, _, err = ended(process)
     assert status == exitcodes.USER_ERROR and len(err.strip().splitlines()) == 1, err[:3000]
@@ -252,12 +250,9 @@ def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, c
         command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 120
-    while not (workdir / "checkpoints" / "3").exists():
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.05)
-    while not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*")):  # the next save has begun
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.005)
+    wait_while_running(process, (workdir / "checkpoints" / "3").exists, deadline)
+    saving = lambda: any((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))  # noqa: E731 - the next save
+    wait_while_running(process, saving, deadline, every_s=0.005)
     process.send_signal(signal.SIGSTOP)
     shutil.rmtree(workdir)
     process.send_signal(signal.SIGTERM)
