@@ -50,7 +50,7 @@ class SaveFailed(UserError):
 def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
     """One sentence: why the save failed and which checkpoint the next run resumes from."""
     text = str(error)
-    in_text = (os.strerror(code) for code in paths.UNWRITABLE if os.strerror(code) in text)  # orbax wraps OSErrors
+    in_text = (words for code, words in paths.UNWRITABLE.items() if os.strerror(code) in text)  # orbax wraps OSErrors
     reason = paths.unwritable(error) or next(
         in_text, f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
     )

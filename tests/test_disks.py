@@ -57,7 +57,7 @@ def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tm
             f"mount -t tmpfs -o size={size}k tmpfs {mnt} && cp -r {first} {mnt}/w && "
             f"{shlex.join(command)}; status=$?; {keep}exit $status"
         )
-        line = one_sentence(result, "Saving step 4", "failed (No space left on device)")
+        line = one_sentence(result, "Saving step 4", "failed (no space left on the disk)")
         assert f"the last complete checkpoint is {mnt}/w/checkpoints/3" in line
         assert "saved step" not in result.stdout
     resumed = run_train(after, data_dir, num_train_steps=5)

@@ -7,7 +7,9 @@ which needs a real bucket: there the directories handed to orbax are recorded (a
 a local mirror so the run can go on).
 """
 
+import errno
 import json
+import os
 
 import orbax.checkpoint as ocp
 import pytest
@@ -15,7 +17,7 @@ from conftest import TINY, FakeBucket, small_config
 from etils import epath
 from test_train import read_tensorboard_scalars
 
-from fxformer import evaluate, paths, train
+from fxformer import checkpoint, evaluate, paths, train
 from fxformer.config import with_overrides
 
 
@@ -113,3 +115,21 @@ def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_
     assert [p.name for p in run.root.iterdir()] == ["notes.txt"]  # not the run's: kept, and the directory with it
     run.tokenizer.write_text("x")
     assert not run.removed()  # a workdir that keeps its tokenizer (or its config) is no removed one
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),  # a write of our own
+        ValueError(  # orbax's wrapping of TensorStore's write (its text, as a full tmpfs left it on CI)
+            'RESOURCE_EXHAUSTED: Error writing "params/0.0" in OCDBT database at local file "/w/": '
+            f"Failed to write 17 bytes to file 9: {os.strerror(errno.ENOSPC)} [os_error_code='28']"
+        ),
+    ],
+)
+def test_a_failed_save_says_why_in_the_same_words_however_the_error_arrives(tmp_path, error):
+    for name in ("2", "3", "4.orbax-checkpoint-tmp-99"):
+        (tmp_path / name).mkdir()
+    message = str(checkpoint.save_failed(tmp_path, None, error))
+    assert message.startswith(f"Saving step 4 to {tmp_path} failed ({paths.UNWRITABLE[errno.ENOSPC]}); ")
+    assert f"the last complete checkpoint is {tmp_path}/3:" in message
