@@ -64,6 +64,9 @@ class Row:
     seeds_run: int
     steps: int
     total_steps: int
+    ends: dict[int, int]  # each seed's last step (below total_steps where early stopping found a plateau)
+    plateaued: int  # finished seeds that early stopping ended before total_steps
+    criterion: str  # the plateau criterion ("" without early stopping)
     params: int | None
     devices: str | None
     tokens_per_batch: int
@@ -161,8 +164,9 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
     state = states[0] if len(set(states)) == 1 else ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     info = reps[0]["run_info"] if reps else {}
     total = config["num_train_steps"]
+    ends = {rep["seed"]: rep["step"] for rep in reps if rep.get("step")}
     curves = dev_curves(reps, "dev_ppl")
-    shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, total, LATE)) is not None}
+    shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, ends.get(k) or total, LATE)) is not None}
     more = {s: figures(sweep, reps, s) for s in more_splits(sweep)}
     for s, figs in more.items():  # the first evaluation of that split, for the footer's sentence count
         figs.results = next((rep["evals"][s] for rep in reps if s in rep["evals"]), {})
@@ -175,6 +179,9 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
         seeds_run=len(reps),
         steps=results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
         total_steps=total,
+        ends=ends,
+        plateaued=sum(rep["state"] == "finished" and 0 < rep["step"] < total for rep in reps),
+        criterion=plateau_criterion(config),
         params=results.get("num_params") or info.get("num_params"),
         devices=info.get("devices"),
         tokens_per_batch=config["data"]["tokens_per_batch"],
@@ -190,6 +197,17 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
         end_above_lowest=max((r for c in curves.values() if (r := end_above_lowest(c)) is not None), default=None),
         late_share=statistics.fmean(shares.values()) if shares else None,
         late_share_seeds=shares,
+    )
+
+
+def plateau_criterion(config: dict) -> str:
+    """The plateau at which early stopping ends a run of `config`, in words ("" without one)."""
+    patience = config.get("early_stopping_patience", 0)
+    if not patience or not config.get("best_metric"):
+        return ""
+    return (
+        f"no better {config['best_metric']} in {patience} dev evaluations (one every "
+        f"{config['eval_every_steps']} steps), or the cap of {config['num_train_steps']} steps"
     )
 
 
@@ -370,7 +388,7 @@ def columns(sweep) -> list[Column]:
         out
         + convergence_columns(first_metric(sweep))
         + [
-            same("steps", lambda r: f"{r.steps}/{r.total_steps}"),
+            same("steps", steps_cell),
             same("state", lambda r: r.state),
         ]
     )
@@ -440,6 +458,16 @@ def convergence_columns(m1: str) -> list[Column]:
     ]
 
 
+def steps_cell(r: Row) -> str:
+    """'1000/1000'; where seeds ended early at a plateau, their range and how many:
+    '2400-3600/6000, 3 of 3 at a plateau'."""
+    if not r.criterion or not r.ends or min(r.ends.values()) >= r.total_steps:
+        return f"{r.steps}/{r.total_steps}"
+    low, high = min(r.ends.values()), max(r.ends.values())
+    span = f"{low}" if low == high else f"{low}-{high}"
+    return f"{span}/{r.total_steps}, {r.plateaued} of {len(r.ends)} at a plateau"
+
+
 def fraction(f: float) -> str:
     return {0.25: "1/4", 0.5: "1/2", 1.0: "all"}.get(f, f"{f:g}")
 
@@ -467,6 +495,13 @@ def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
         statistics_note(sweep) + " " + reference_rule(sweep),
         convergence_note(sweep, recs),
     ]
+    criteria = sorted({r.criterion for r in recs if r.criterion})
+    if criteria:
+        lines.append(
+            f"Trained to a plateau: each run ends when early stopping finds {'; or '.join(criteria)}, and is "
+            "evaluated at its last step; 'steps' gives its seeds' last steps and how many ended at a plateau "
+            "(the others ran to the cap, or are unfinished)."
+        )
     if any(r.end_above_lowest is not None for r in recs):
         lines.append(end_note(recs))
     lines += [line for m in sweep.metrics if (line := count_line(recs, m))]

@@ -90,11 +90,13 @@ class RowState:
     results: dict | None = None  # fxformer.evaluate's JSON for the final step, if written
     config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
+    early_end: int | None = None  # the step at which early stopping ended the run (a plateau), if it did
 
     @property
     def total_steps(self) -> int | None:
+        """The run's last step: where early stopping ended it, else its config's num_train_steps."""
         cfg = self.config or self.status.get("config")
-        return cfg["num_train_steps"] if cfg else None
+        return self.early_end or (cfg["num_train_steps"] if cfg else None)
 
     @property
     def step(self) -> int:
@@ -157,6 +159,7 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
     if w.config.exists():  # checked as every command checks it
         row.config = load_workdir_config(w).to_dict()
+        row.early_end = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"])
     row.checkpoint_steps = w.checkpoint_steps()
     logged = w.logged()
     row.logged_step = logged[-1]["step"] if logged else 0

@@ -258,7 +258,9 @@ class Best:
 
     HIGHER = ("dev_accuracy", "dev_bleu")
 
-    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int, logged: list[dict] = ()):
+        """`logged`: the run's metrics up to `resume_step`, whose dev evaluations since the best
+        count towards early stopping again (a run that stopped early stays stopped)."""
         self.metric = metric
         self.manager = open_manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
@@ -270,6 +272,7 @@ class Best:
                 self.manager.delete(step)
             else:
                 self.value = meta["value"]
+                self.stale = len(paths.since_best(list(logged), metric, step, resume_step))
 
     def better(self, value: float) -> bool:
         if self.value is None:

@@ -144,6 +144,18 @@ def complete_steps(directory: PathLike) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
 
+def since_best(logged: list[dict], metric: str, best_step: int | None, upto: int | None = None) -> list[int]:
+    """The steps of the dev evaluations of `metric` logged after the best one (at `best_step`) up
+    to `upto`: those early stopping counts as without improvement. [] without a best."""
+    if best_step is None:
+        return []
+    return [
+        line["step"]
+        for line in logged
+        if metric in line and best_step < line["step"] and (upto is None or line["step"] <= upto)
+    ]
+
+
 def metrics_step(line: str) -> int | None:
     """The step of a metrics.jsonl line; None for a line without one (cut short by a kill, or
     damaged: not a JSON object with an integer step)."""
@@ -233,6 +245,12 @@ class Workdir:
             return []
         lines = [line for line in self.metrics.read_text().splitlines() if metrics_step(line) is not None]
         return [json.loads(line) for line in lines]
+
+    def early_end(self, metric: str, patience: int) -> int | None:
+        """The step at which early stopping ended this run (the `patience`-th dev evaluation of
+        `metric` after the best one kept in `best/`, where training saved and stopped), or None."""
+        after = since_best(self.logged(), metric, (complete_steps(self.best) or [None])[-1])
+        return after[patience - 1] if metric and 0 < patience <= len(after) else None
 
     @property
     def tensorboard(self) -> epath.Path:

@@ -321,7 +321,7 @@ class Loop:
             state,
             start_step,
             writer,
-            best=checkpoint.Best(workdir.best, config.best_metric, start_step),
+            best=checkpoint.Best(workdir.best, config.best_metric, start_step, workdir.logged()),
             watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size),
             progress=Progress(writer.last(), 60 * config.train_minutes),
             step=start_step,
@@ -331,6 +331,10 @@ class Loop:
     def run(self) -> None:
         """Train until the last step, a stop, or an error."""
         total = self.config.num_train_steps
+        self.early = plateau(self.config, self.best, self.step)
+        if self.early:  # a resumed run that early stopping had ended
+            self.log(f"{self.workdir} ended at step {self.step}: {self.early}; nothing to train")
+            return
         if self.step < total and agree(self.config, self.step, self.stop, self.progress, time_due=False, now=True).stop:
             self.log(f"{self.stop.name} before the first step: nothing new to save; exiting")  # preparing, compiling
             return
@@ -573,8 +577,14 @@ def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, l
     """Offer the parameters as the best by dev metric; why the run stops early ("" if it goes
     on): `early_stopping_patience` dev evaluations have passed without a better one."""
     best.offer(step, logged, params, log)
+    return plateau(config, best, step)
+
+
+def plateau(config, best: checkpoint.Best, step: int) -> str:
+    """Why early stopping ends the run at `step` ("" if it goes on): `early_stopping_patience` dev
+    evaluations have passed without a better one (at the last step the run ends anyway)."""
     patience = config.early_stopping_patience
-    if patience and best.stale >= patience and step != config.num_train_steps:
+    if patience and best.stale >= patience and step < config.num_train_steps:
         return f"no better {best.metric} in {patience} dev evaluations (early stopping)"
     return ""
 

@@ -133,3 +133,25 @@ def test_a_failed_save_says_why_in_the_same_words_however_the_error_arrives(tmp_
     message = str(checkpoint.save_failed(tmp_path, None, error))
     assert message.startswith(f"Saving step 4 to {tmp_path} failed ({paths.UNWRITABLE[errno.ENOSPC]}); ")
     assert f"the last complete checkpoint is {tmp_path}/3:" in message
+
+
+def test_early_stopping_counts_the_dev_evaluations_after_the_best_one(tmp_path):
+    run = paths.Workdir(tmp_path)
+    lines = [
+        {"step": 10, "loss": 3.0},
+        {"step": 20, "dev_ppl": 9.0},
+        {"step": 40, "dev_ppl": 8.0},  # the best, kept in best/40
+        {"step": 50, "loss": 2.0},
+        {"step": 60, "dev_ppl": 8.5, "dev_bleu": 20.0},
+        {"step": 80, "dev_ppl": 8.1},
+    ]
+    run.metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert paths.since_best(run.logged(), "dev_ppl", 40) == [60, 80]
+    assert paths.since_best(run.logged(), "dev_ppl", 40, upto=70) == [60]
+    assert paths.since_best(run.logged(), "dev_bleu", 40) == [60]
+    assert paths.since_best(run.logged(), "dev_ppl", None) == []
+    assert run.early_end("dev_ppl", 2) is None  # no best/ yet: nothing to count from
+    (run.best / "40").mkdir(parents=True)
+    assert run.early_end("dev_ppl", 2) == 80 and run.early_end("dev_ppl", 1) == 60
+    assert run.early_end("dev_ppl", 3) is None and run.early_end("dev_ppl", 0) is None
+    assert run.early_end("", 2) is None

@@ -223,9 +223,10 @@ def fake_curve(quarter: float, half: float, end: float) -> dict[int, float]:
     return curve
 
 
-def fake_workdir(workdir: Path, config: dict, curve: dict[int, float], test, bleu: float) -> None:
-    """A replicate's workdir as fxformer.train and fxformer.evaluate (dev, then test) leave it."""
-    total = config["num_train_steps"]
+def fake_workdir(workdir: Path, config: dict, curve: dict[int, float], test, bleu: float, end: int = 0) -> None:
+    """A replicate's workdir as fxformer.train and fxformer.evaluate (dev, then test) leave it;
+    `end`: the step where early stopping ended it (its best step is kept in best/)."""
+    total = end or config["num_train_steps"]
     (workdir / "eval").mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps(config))
     (workdir / "run.json").write_text(json.dumps({"devices": 1, "platform": "cpu", "num_params": 411904}))
@@ -237,6 +238,8 @@ def fake_workdir(workdir: Path, config: dict, curve: dict[int, float], test, ble
             line |= {"dev_loss": math.log(curve[step]), "dev_nll": math.log(curve[step]), "dev_ppl": curve[step]}
         lines.append(json.dumps({**line, "tokens_seen": 950.0 * step, "wall_s": 0.2 * step, "epochs": step / 40}))
     (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if end:
+        (workdir / "best" / str(min((s for s in curve if s <= end), key=curve.get))).mkdir(parents=True)
     for split, figures, n in (("validation", (curve[total], bleu), 500), ("test", test, 1000)):
         if figures is None:
             continue
@@ -519,3 +522,27 @@ def test_slurm_dry_run_of_a_replicated_row_matches_golden_file():
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_seeds2_slurm.txt", result.stdout)
     assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=/shared/table3/B1.s1" in result.stdout
+
+
+def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(tmp_path):
+    root = tmp_path / "t3"
+    args = runner.parser("collect").parse_args(["table3", f"--root={root}", "--profile=mini", "--seeds=3"])
+    ctx = Context(args, [])
+    ctx.record()
+    ends = {"base": [800, 1000, 700], "A1": [1000, 1000, 1000]}
+    for run in ctx.sweep.select("base,A1"):
+        for k, end in enumerate(ends[run.name]):
+            rep = Replicate(run, k)
+            config = rep.resolved(()) | {"early_stopping_patience": 2, "best_metric": "dev_ppl"}
+            best = end - 200 if end < 1000 else end  # dev PPL falls to `best`, then rises a little
+            curve = {s: 12.0 - min(s, best) / 100 + max(0, s - best) / 10_000 for s in range(100, end + 1, 100)}
+            fake_workdir(root / rep.name, config, curve, (2.0, 50.0), 50.0 + k, end=end if end < 1000 else 0)
+    base_rows = [ctx.read(rep) for rep in ctx.replicates(ctx.sweep.select("base")[0])]
+    assert [row.total_steps for row in base_rows] == [800, 1000, 700]  # early stopping's end, else the cap
+    assert [str(row.state()) for row in base_rows] == ["finished"] * 3
+    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select("base,A1"))}
+    assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
+    assert report.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
+    assert report.steps_cell(rows["A1"]) == "1000/1000"
+    table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
+    assert "no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps" in table

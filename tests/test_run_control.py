@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import env_with_devices, left_as_is, logged, run_train, snapshot, train_command
 
-from fxformer import exitcodes
+from fxformer import exitcodes, paths
 
 
 @pytest.mark.slow
@@ -160,6 +160,15 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     assert "early stopping" in result.stdout
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
+    assert paths.Workdir(workdir).early_end("dev_accuracy", 1) == saved
+    before = snapshot(workdir)
+    again = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)  # the same command
+    assert again.returncode == exitcodes.OK, again.stderr[-2000:]
+    assert f"ended at step {saved}: no better dev_accuracy in 1 dev evaluations" in again.stdout
+    assert "| loss" not in again.stdout  # not one step trained
+    after = snapshot(workdir)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert not {k for k in changed if k.startswith(("checkpoints", "best", "metrics"))}, changed
 
 
 @pytest.mark.slow
