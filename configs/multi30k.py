@@ -69,13 +69,17 @@ def raw_folder(arg: str) -> str:
     )
 
 
+def set_files(config: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
+    """`config` reading the Multi30k files under `arg` (train, val as dev, test2016 as test)."""
+    folder = raw_folder(arg)
+    src, tgt = config.data.source_lang, config.data.target_lang
+    for prefix, stem in FILES.items():
+        config.data[f"{prefix}source_file"] = f"{folder}/{stem}.{src}.gz"
+        config.data[f"{prefix}target_file"] = f"{folder}/{stem}.{tgt}.gz"
+    return config
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The small-corpus recipe on the Multi30k files under `arg` (without `arg`: no files set)."""
     config = with_overrides(base.get_config(), RECIPE)
-    if arg:
-        folder = raw_folder(arg)
-        src, tgt = config.data.source_lang, config.data.target_lang
-        for prefix, stem in FILES.items():
-            config.data[f"{prefix}source_file"] = f"{folder}/{stem}.{src}.gz"
-            config.data[f"{prefix}target_file"] = f"{folder}/{stem}.{tgt}.gz"
-    return config
+    return set_files(config, arg) if arg else config

@@ -16,15 +16,22 @@ Profiles:
          sqrt(40 / 4000) so that every row peaks at the paper's rate for its width; 3,000
          training pairs seen about 25 times (big 75), in batches of 1,024 tokens. Chosen on pilot
          runs of base, D1 and C1 (README, "The mini Table 3"), then frozen.
+  multi30k:<folder>  real text (the Multi30k files under <folder>, as configs/multi30k.py
+         takes them): the paper's base shape scaled as in mini (widths x 1/8, layers x 1/2,
+         heads kept, the paper's dropout) with the Multi30k recipe's data, every row trained until dev
+         perplexity stops improving (early stopping: no better in 3 evaluations, one every 200
+         steps) or the cap of 6,000 steps (big 18,000); val is dev, test2016 the test set.
+         A candidate: its sizes are chosen on pilot runs of base alone, then frozen.
   smoke  the same, scaled to seconds per row: for tests.
 """
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import ml_collections
 
-from configs import base, big
+from configs import base, big, multi30k
 from fxformer.config import resolve_derived, with_overrides
 
 ROWS = {
@@ -120,6 +127,26 @@ SMOKE_BASE = {
     "eval_every_steps": 4,
     "decode.max_extra": 8,
 }
+MULTI30K_BASE = {
+    **{key: value for key, value in multi30k.RECIPE.items() if key.startswith("data.")},  # dropout: the paper's
+    "model.num_layers": 3,
+    "model.d_model": 64,
+    "model.d_ff": 256,
+    "model.num_heads": 8,
+    "model.d_k": 8,
+    "model.d_v": 8,
+    "model.max_len": 128,
+    "data.vocab_size": 4000,  # the output layer is most of a d_model 64 step: a smaller shared BPE
+    "data.tokens_per_batch": 2048,
+    "checkpoint_every_steps": 200,
+    "checkpoint_every_minutes": 0.0,
+    "keep_checkpoints": 2,
+    "log_every_steps": 50,
+    "eval_every_steps": 200,
+    "dev_bleu_every_steps": 0,
+    "best_metric": "dev_ppl",
+    "early_stopping_patience": 3,  # the plateau: no better dev perplexity in 3 evaluations
+}
 PAPER_WARMUP = 4000  # configs/base.py's warmup_steps: the peak of the paper's schedule is at this step
 
 
@@ -131,11 +158,15 @@ class Profile:
     start: dict
     factors: dict
     paper_peak: bool = False
+    files: Callable | None = None  # (config, folder) -> config reading the corpus in `folder` (profile:<folder>)
 
 
 PROFILES = {
     "paper": None,
     "mini": Profile(MINI_BASE, {"width": 1 / 8, "layers": 1 / 2, "steps": 1000 / 100_000}, paper_peak=True),
+    "multi30k": Profile(
+        MULTI30K_BASE, {"width": 1 / 8, "layers": 1 / 2, "steps": 6000 / 100_000}, True, multi30k.set_files
+    ),
     "smoke": Profile(SMOKE_BASE, {"width": 1 / 16, "layers": 1 / 6, "steps": 8 / 100_000}),
 }
 SCALED = {
@@ -168,12 +199,14 @@ def keep_paper_peak(config: ml_collections.ConfigDict, steps_factor: float) -> N
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     """The base config with Table 3 row `row` applied in `profile`; dev evaluation without averaging."""
     row, _, profile = arg.partition(",")
-    profile = profile or "paper"
+    profile, _, folder = (profile or "paper").partition(":")
     if row not in ROWS:
         raise ValueError(f"Unknown Table 3 row '{row}'; choose one of {', '.join(ROWS)}.")
     if profile not in PROFILES:
         raise ValueError(f"Unknown Table 3 profile '{profile}'; choose one of {', '.join(PROFILES)}.")
     chosen = PROFILES[profile]
+    if folder and (chosen is None or chosen.files is None):
+        raise ValueError(f"The {profile} profile reads no folder: give '{row},{profile}' without ':{folder}'.")
     if chosen is None:
         config = with_overrides(base.get_config(), ROWS[row])
     else:
@@ -182,6 +215,8 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         if chosen.paper_peak:
             keep_paper_peak(config, chosen.factors["steps"])
         config = with_overrides(config, scaled(ROWS[row], chosen.factors))
+        if folder:
+            config = chosen.files(config, folder)
     config.average_last = 1
     return resolve_derived(config)  # d_k and d_v explicit in every row, as in the paper's table
 
@@ -223,7 +258,7 @@ def sweep(profile: str = "paper") -> dict:
             for row, (ppl, bleu, params) in PAPER.items()
         },
         # Seeds per row: the mini profile's table counts a direction only beyond its noise
-        "replicates": {"base": 5, "*": 3} if profile == "mini" else 1,
+        "replicates": {"base": 5, "*": 3} if profile.partition(":")[0] in ("mini", "multi30k") else 1,
         # The paper's own run-to-run noise, for its ties (one run per row, no spread published)
         "noise": {"ppl": {"log_sd": 0.003}, "bleu": {"sd": 0.2}},
         "noise_source": NOISE_SOURCE,
@@ -238,5 +273,5 @@ def sweep(profile: str = "paper") -> dict:
         "more_splits": ["test"],
         # Rows looked at (with base) to choose the profile's recipe on the same dev set: marked in
         # the table and left out of its count (README, "The mini Table 3")
-        "pilot_rows": PILOT_ROWS.get(profile, []),
+        "pilot_rows": PILOT_ROWS.get(profile.partition(":")[0], []),
     }

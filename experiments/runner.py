@@ -54,7 +54,11 @@ def parser(verb: str) -> argparse.ArgumentParser:
     )
     p.add_argument("sweep", help="a sweep: table3 (configs/table3.py), or a config file with sweep(profile)")
     p.add_argument("--root", default="", help="the sweep's directory, a path or URL (default: runs/<sweep>-<profile>)")
-    p.add_argument("--profile", default="", help="paper, mini or smoke for table3 (default: the root's, else paper)")
+    p.add_argument(
+        "--profile",
+        default="",
+        help="table3: paper, mini, multi30k:<folder of the Multi30k files> or smoke (default: the root's, else paper)",
+    )
     p.add_argument("--only", default="", help="rows to act on: names or patterns, comma-separated (A*,base)")
     p.add_argument(
         "--seeds",

@@ -183,6 +183,6 @@ def load(name: str, profile: str) -> Sweep:
     if not hasattr(module, "sweep"):
         raise UserError(f"{path} describes no sweep: it has no sweep(profile) function.")
     profiles = getattr(module, "PROFILES", None)
-    if profiles is not None and profile not in profiles:
+    if profiles is not None and profile.partition(":")[0] not in profiles:  # a profile may take a folder: name:<folder>
         raise UserError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
     return from_dict(path.stem, profile, module.sweep(profile))

@@ -102,17 +102,21 @@ def test_plan_lists_every_table3_row_in_the_papers_layout():
     assert "--config=configs/table3.py:C4,paper" in result.stdout
 
 
-def test_profiles_keep_each_rows_change_relative_to_base():
+@pytest.mark.parametrize("profile, dataset", [("mini", "embedded"), ("multi30k", "text")])
+def test_profiles_keep_each_rows_change_relative_to_base(profile, dataset):
     from configs import table3
 
     for row in table3.ROWS:
-        paper, mini = table3.get_config(row), table3.get_config(f"{row},mini")
-        base_paper, base_mini = table3.get_config("base"), table3.get_config("base,mini")
+        paper, mini = table3.get_config(row), table3.get_config(f"{row},{profile}")
+        base_paper, base_mini = table3.get_config("base"), table3.get_config(f"base,{profile}")
         for key, scale in (("d_model", 8), ("d_ff", 8), ("d_k", 8), ("d_v", 8), ("num_layers", 2)):
             assert paper.model[key] == scale * mini.model[key], (row, key)
         assert paper.model.num_heads == mini.model.num_heads and paper.label_smoothing == mini.label_smoothing
+        drop = lambda c, b: round(c.model.dropout_rate - b.model.dropout_rate, 6)  # noqa: E731
+        assert drop(paper, base_paper) == drop(mini, base_mini), row
+        assert paper.model.positional == mini.model.positional, row
         assert paper.num_train_steps / base_paper.num_train_steps == mini.num_train_steps / base_mini.num_train_steps
-        assert mini.data.dataset == "embedded" and mini.average_last == paper.average_last == 1
+        assert mini.data.dataset == dataset and mini.average_last == paper.average_last == 1
         # the paper's peak learning rate at the row's width, at the paper's share of warm-up
         peak = lambda c: float(optim.learning_rate_schedule(c)(c.warmup_steps - 1))  # count from 0
         assert peak(mini) == pytest.approx(mini.model.d_model**-0.5 * 4000**-0.5, rel=1e-5), row
@@ -120,6 +124,27 @@ def test_profiles_keep_each_rows_change_relative_to_base():
         assert mini.warmup_steps / base_mini.num_train_steps == paper.warmup_steps / base_paper.num_train_steps
     with pytest.raises(ValueError, match="profile"):
         table3.get_config("B1,huge")
+
+
+def test_the_real_text_profile_reads_its_folder_and_trains_to_a_plateau(tmp_path):
+    from configs import table3
+
+    raw = tmp_path / "task1" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train.en.gz").write_bytes(b"")
+    config = table3.get_config(f"C1,multi30k:{tmp_path}")
+    assert config.data.source_file == f"{raw}/train.en.gz" and config.data.test_target_file.endswith(
+        "2016_flickr.de.gz"
+    )
+    assert config.data.validation_source_file == f"{raw}/val.en.gz" and config.model.num_layers == 1
+    assert config.early_stopping_patience == 3 and config.best_metric == "dev_ppl" and config.num_train_steps == 6000
+    assert table3.get_config("big,multi30k").num_train_steps == 18000
+    assert "configs/table3.py:D2,multi30k:/data/m30k" in table3.sweep("multi30k:/data/m30k")["runs"]["D2"]
+    assert table3.sweep("multi30k:/data/m30k")["replicates"] == {"base": 5, "*": 3}
+    with pytest.raises(ValueError, match="reads no folder"):
+        table3.get_config("B1,mini:/data")
+    with pytest.raises(ValueError, match="No Multi30k files"):
+        table3.get_config(f"B1,multi30k:{tmp_path / 'nothing'}")
 
 
 def test_grids_product_and_zip():
