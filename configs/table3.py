@@ -84,7 +84,7 @@ PAPER = {
 # A scaled profile: the base it starts from, the factors applied to the paper's values of these
 # fields in every row (so 100K base steps become `steps`, big's 300K three times that; the
 # warm-up keeps its 4% share), and whether it keeps the paper's peak learning rate.
-MINI_BASE = {
+EIGHTH_SHAPE = {  # the paper's base with widths x 1/8 and layers x 1/2, heads kept: mini's and multi30k's
     "model.num_layers": 3,
     "model.d_model": 64,
     "model.d_ff": 256,
@@ -92,6 +92,9 @@ MINI_BASE = {
     "model.d_k": 8,
     "model.d_v": 8,
     "model.max_len": 128,
+}
+MINI_BASE = {
+    **EIGHTH_SHAPE,
     "data.dataset": "embedded",
     "data.num_train": 3000,  # a finite corpus seen for many epochs (about 25; big 75), as the paper's was
     "data.num_validation": 500,
@@ -129,13 +132,7 @@ SMOKE_BASE = {
 }
 MULTI30K_BASE = {
     **{key: value for key, value in multi30k.RECIPE.items() if key.startswith("data.")},  # dropout: the paper's
-    "model.num_layers": 3,
-    "model.d_model": 64,
-    "model.d_ff": 256,
-    "model.num_heads": 8,
-    "model.d_k": 8,
-    "model.d_v": 8,
-    "model.max_len": 128,
+    **EIGHTH_SHAPE,
     "data.vocab_size": 4000,  # the output layer is most of a d_model 64 step: a smaller shared BPE
     "data.tokens_per_batch": 2048,
     "checkpoint_every_steps": 200,
@@ -248,6 +245,7 @@ NOISE_SOURCE = (
 
 def sweep(profile: str = "paper") -> dict:
     """Table 3 as a sweep (`python -m experiments run table3`): every row, evaluated as the paper did."""
+    name = profile.partition(":")[0]  # multi30k:<folder> is the multi30k profile
     return {
         "runs": {row: f"configs/table3.py:{row},{profile}" for row in ROWS},
         "baseline": "base",
@@ -258,7 +256,7 @@ def sweep(profile: str = "paper") -> dict:
             for row, (ppl, bleu, params) in PAPER.items()
         },
         # Seeds per row: the mini profile's table counts a direction only beyond its noise
-        "replicates": {"base": 5, "*": 3} if profile.partition(":")[0] in ("mini", "multi30k") else 1,
+        "replicates": {"base": 5, "*": 3} if name in ("mini", "multi30k") else 1,
         # The paper's own run-to-run noise, for its ties (one run per row, no spread published)
         "noise": {"ppl": {"log_sd": 0.003}, "bleu": {"sd": 0.2}},
         "noise_source": NOISE_SOURCE,
@@ -273,5 +271,5 @@ def sweep(profile: str = "paper") -> dict:
         "more_splits": ["test"],
         # Rows looked at (with base) to choose the profile's recipe on the same dev set: marked in
         # the table and left out of its count (README, "The mini Table 3")
-        "pilot_rows": PILOT_ROWS.get(profile.partition(":")[0], []),
+        "pilot_rows": PILOT_ROWS.get(name, []),
     }

@@ -63,7 +63,7 @@ class Context:
             )
         self.profile = args.profile or recorded.get("profile") or "paper"
         self.sweep = sweeps.load(args.sweep, self.profile)
-        self.root = args.root or f"runs/{self.sweep.name}-{self.profile.partition(':')[0]}"  # name:<folder>
+        self.root = args.root or f"runs/{self.sweep.name}-{sweeps.profile_name(self.profile)}"
         self.root_file = paths.as_path(self.root) / ROOT_RECORD
         self.extra = tuple(extra) if extra else tuple(recorded.get("extra", ()))
         self.seeds = getattr(args, "seeds", 0) or recorded.get("seeds") or 0  # 0: the sweep's own counts

@@ -157,11 +157,11 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     if w.sweep_status.exists():
         fix = "delete it and run the sweep again (the row's checkpoints are kept and it resumes)"
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
+    logged = w.logged()
     if w.config.exists():  # checked as every command checks it
         row.config = load_workdir_config(w).to_dict()
-        row.early_end = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"])
+        row.early_end = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"], logged)
     row.checkpoint_steps = w.checkpoint_steps()
-    logged = w.logged()
     row.logged_step = logged[-1]["step"] if logged else 0
     total = row.total_steps
     if total is not None:

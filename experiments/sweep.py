@@ -171,6 +171,11 @@ def from_dict(name: str, profile: str, description: dict) -> Sweep:
     )
 
 
+def profile_name(profile: str) -> str:
+    """The profile a `--profile` names: a profile may take a folder (`multi30k:<folder>`)."""
+    return profile.partition(":")[0]
+
+
 def load(name: str, profile: str) -> Sweep:
     """The sweep `name` (configs/<name>.py, or a path to a config file) in `profile`."""
     path = Path(name) if name.endswith(".py") else CONFIGS / f"{name}.py"
@@ -183,6 +188,6 @@ def load(name: str, profile: str) -> Sweep:
     if not hasattr(module, "sweep"):
         raise UserError(f"{path} describes no sweep: it has no sweep(profile) function.")
     profiles = getattr(module, "PROFILES", None)
-    if profiles is not None and profile.partition(":")[0] not in profiles:  # a profile may take a folder: name:<folder>
+    if profiles is not None and profile_name(profile) not in profiles:
         raise UserError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
     return from_dict(path.stem, profile, module.sweep(profile))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 
 import grain
 import jax
@@ -258,7 +259,7 @@ class Best:
 
     HIGHER = ("dev_accuracy", "dev_bleu")
 
-    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int, logged: list[dict] = ()):
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int, logged: Sequence[dict] = ()):
         """`logged`: the run's metrics up to `resume_step`, whose dev evaluations since the best
         count towards early stopping again (a run that stopped early stays stopped)."""
         self.metric = metric
@@ -272,7 +273,7 @@ class Best:
                 self.manager.delete(step)
             else:
                 self.value = meta["value"]
-                self.stale = len(paths.since_best(list(logged), metric, step, resume_step))
+                self.stale = len(paths.since_best(logged, metric, step, resume_step))
 
     def better(self, value: float) -> bool:
         if self.value is None:

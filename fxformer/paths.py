@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import socket
+from collections.abc import Sequence
 
 from etils import epath
 
@@ -144,7 +145,7 @@ def complete_steps(directory: PathLike) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
 
-def since_best(logged: list[dict], metric: str, best_step: int | None, upto: int | None = None) -> list[int]:
+def since_best(logged: Sequence[dict], metric: str, best_step: int | None, upto: int | None = None) -> list[int]:
     """The steps of the dev evaluations of `metric` logged after the best one (at `best_step`) up
     to `upto`: those early stopping counts as without improvement. [] without a best."""
     if best_step is None:
@@ -246,10 +247,12 @@ class Workdir:
         lines = [line for line in self.metrics.read_text().splitlines() if metrics_step(line) is not None]
         return [json.loads(line) for line in lines]
 
-    def early_end(self, metric: str, patience: int) -> int | None:
+    def early_end(self, metric: str, patience: int, logged: list[dict] | None = None) -> int | None:
         """The step at which early stopping ended this run (the `patience`-th dev evaluation of
-        `metric` after the best one kept in `best/`, where training saved and stopped), or None."""
-        after = since_best(self.logged(), metric, (complete_steps(self.best) or [None])[-1])
+        `metric` after the best one kept in `best/`, where training saved and stopped), or None;
+        `logged`: `self.logged()` if the caller has read it already."""
+        logged = self.logged() if logged is None else logged
+        after = since_best(logged, metric, (complete_steps(self.best) or [None])[-1])
         return after[patience - 1] if metric and 0 < patience <= len(after) else None
 
     @property
