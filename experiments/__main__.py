@@ -10,6 +10,7 @@
     status   per row and seed: state, step / total, attempts, ETA
     collect  the results table beside the paper's (markdown, CSV, JSON), with mean, sd and paired differences
     plot     PNG figures of the results, with error bars
+    restore  a sweep moved to a new machine: its finished runs from the committed records (no checkpoints)
 
 `python -m experiments <verb> --help` explains each. Imports no JAX: safe on a login or head node.
 """

@@ -95,6 +95,43 @@ def curve(workdir: paths.Workdir) -> list[dict]:
     return points
 
 
+def restore(ctx, doc: dict, source: str) -> tuple[int, int]:
+    """Write each finished replicate of the records `doc` that the root lacks as a run directory,
+    so that a sweep moved to a new machine trains only what its records do not hold: config.json,
+    metrics.jsonl (the curve), run.json, the evaluations, and sweep.json (finished, the commit,
+    where early stopping ended it); no checkpoints. `run` skips such a row and `collect` reads it
+    as the records hold it. Returns (restored, already in the root)."""
+    finished = {rep["name"]: rep for rep in doc["replicates"] if rep["state"] == "finished" and rep.get("config")}
+    restored = kept = 0
+    for rep in ctx.units(ctx.sweep.runs):
+        record = finished.get(rep.name)
+        if record is None:
+            continue
+        workdir = paths.Workdir(ctx.workdir(rep))
+        if workdir.root.exists():  # a run directory wins over the records: never overwritten
+            kept += 1
+            continue
+        end = record["evals"][ctx.eval_split]["checkpoint_steps"][-1]
+        status = {"state": "finished", "commit": record["commit"], "restored_from": source}
+        if end < record["config"]["num_train_steps"]:
+            status["early_end"] = end  # what W/best/ told of the plateau: a restored row has no checkpoints
+        workdir.root.mkdir(parents=True)
+        paths.write_atomic(workdir.config, json.dumps(record["config"], indent=2) + "\n")
+        paths.write_atomic(workdir.metrics, "".join(json.dumps(point) + "\n" for point in record["curve"]))
+        paths.write_atomic(workdir.run_info, json.dumps(record["run_info"], indent=2) + "\n")
+        workdir.eval.mkdir()
+        for split, result in record["evals"].items():
+            paths.write_atomic(
+                workdir.eval_result(split, result["checkpoint_steps"]), json.dumps(result, indent=2) + "\n"
+            )
+        rowstate.write_status(workdir, status)
+        state = ctx.read(rep).state(ctx.args.lease_s)
+        if state != rowstate.RowStatus.FINISHED:
+            raise UserError(f"{rep.name} restored from {source} reads as {state}, not finished; delete {workdir.root}.")
+        restored += 1
+    return restored, kept
+
+
 def write(path, doc: dict) -> None:
     lines = [json.dumps(doc["header"]), *(json.dumps(rep) for rep in doc["replicates"])]
     paths.write_atomic(path, gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))

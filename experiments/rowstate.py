@@ -161,6 +161,7 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     if w.config.exists():  # checked as every command checks it
         row.config = load_workdir_config(w).to_dict()
         row.early_end = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"], logged)
+        row.early_end = row.early_end or row.status.get("early_end")  # a row restored from records
     row.checkpoint_steps = w.checkpoint_steps()
     row.logged_step = logged[-1]["step"] if logged else 0
     total = row.total_steps

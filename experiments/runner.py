@@ -6,6 +6,7 @@
     python -m experiments run    table3 --root=gs://bucket/table3 --backend=tpu --tpu=my-v4-32 --zone=us-central2-b
     python -m experiments collect table3 --root=runs/table3-mini   # R/results: table.md, .csv, .json, records.jsonl.gz
     python -m experiments collect table3 --from_records=runs/table3-mini/results/records.jsonl.gz  # no run directory
+    python -m experiments restore table3 --from_records=FILE [--root=R]   # a new machine: finished runs from FILE
 
 Each row trains in `R/<row>` (its fxformer workdir, never date-stamped), its seed k > 0 in
 `R/<row>.s<k>`, then is evaluated the sweep's way (table3: on dev, then on the test set with the
@@ -42,6 +43,7 @@ VERBS = {
     "status": "per row and seed: state, step / total, attempts, ETA of running rows",
     "collect": "the results table beside the reference (markdown, CSV, JSON) and its raw records in R/results",
     "plot": "PNG figures of the results in R/results (matplotlib)",
+    "restore": "write the finished runs of --from_records into the root (no checkpoints): `run` then trains the rest",
 }
 
 
@@ -87,7 +89,8 @@ def parser(verb: str) -> argparse.ArgumentParser:
         default="",
         metavar="FILE",
         help="collect, plot: from the raw records collect wrote (R/results/records.jsonl.gz) alone, with "
-        "no run directory: table.md, table.csv and results.json come out byte for byte as collected",
+        "no run directory: table.md, table.csv and results.json come out byte for byte as collected; "
+        "restore: the records whose finished runs go into --root (default: the root they were collected from)",
     )
     p.add_argument(
         "--from_results",
@@ -415,6 +418,8 @@ def main(verb: str, argv: list[str]) -> int:
         raise UserError(f"--max_attempts must be at least 1, not {args.max_attempts}.")
     if args.seeds < 0:
         raise UserError(f"--seeds must be at least 1, not {args.seeds}.")
+    if verb == "restore":
+        return restore(args, extra)
     if verb in ("collect", "plot") and (args.from_records or args.from_results):
         return tables(verb, *report.from_file(args, extra))
     ctx = Context(args, extra)
@@ -428,6 +433,30 @@ def main(verb: str, argv: list[str]) -> int:
     if verb == "status":
         return status(ctx, runs)
     return tables(verb, ctx, runs, records.from_root(ctx, runs), f"{ctx.root}/results")
+
+
+def restore(args, extra: list[str]) -> int:
+    """A sweep moved to a new machine: its finished runs from the committed records, into --root."""
+    if not args.from_records:
+        raise UserError("restore needs --from_records=FILE, the records.jsonl.gz that collect wrote.")
+    doc = records.read(args.from_records)
+    header = doc["header"]
+    if args.profile and args.profile != header["profile"]:
+        raise UserError(
+            f"{args.from_records} holds the {header['profile']} profile, not {args.profile}; leave out --profile."
+        )
+    args.profile, args.root = header["profile"], args.root or header["root"]
+    ctx = Context(args, list(header.get("extra", [])) or extra)
+    if ctx.sweep.name != header["sweep"]:
+        raise UserError(f"{args.from_records} holds records of the sweep {header['sweep']}, not {ctx.sweep.name}.")
+    ctx.record()
+    restored, kept = records.restore(ctx, doc, str(args.from_records))
+    say(
+        f"{ctx.root}: {restored} finished runs restored from {args.from_records}"
+        + (f", {kept} left as they were (their run directories exist)" if kept else "")
+        + "; `run` trains and evaluates the rest"
+    )
+    return exitcodes.OK
 
 
 def tables(verb: str, ctx: Context, runs, doc: dict, folder: str) -> int:

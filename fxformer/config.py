@@ -193,7 +193,7 @@ AT_LEAST = {
     "num_train_steps": 0, "log_every_steps": 1, "eval_every_steps": 1, "checkpoint_every_steps": 1,
     "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0,
     "average_last": 1, "checkpoint_every_minutes": 0,
-    "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0,
+    "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0, "loss_chunk_tokens": 0,
     "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
     "data.workers": 0, "data.device_prefetch": 0,
     "data.vocab_size": 8, "data.tokenizer_sentences": 1,

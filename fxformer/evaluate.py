@@ -71,7 +71,7 @@ def evaluate(
     source, n, references = references_of(run.config, split, limit, log)
     examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
 
-    loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh)
+    loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh, run.config.loss_chunk_tokens)
     losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
     best = inference.BestTranslations(
         run.model, run.mesh, run.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log

@@ -193,10 +193,11 @@ def saved_average(directory, steps: list[int], abstract_params):
 # The dev loss
 
 
-def loss_step(model: Transformer, label_smoothing: float, mesh):
-    """A jitted (params, padded batch) -> summed loss / NLL / accuracy / tokens, rows split over devices."""
+def loss_step(model: Transformer, label_smoothing: float, mesh, chunk: int = 0):
+    """A jitted (params, padded batch) -> summed loss / NLL / accuracy / tokens, rows split over
+    devices (`chunk`: as in `optim.loss_sums`)."""
     return jax.jit(
-        functools.partial(optim.loss_sums, model=model, label_smoothing=label_smoothing),
+        functools.partial(optim.loss_sums, model=model, label_smoothing=label_smoothing, chunk=chunk),
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
         out_shardings=parallel.replicated(mesh),
     )

@@ -159,8 +159,14 @@ class SharedEmbedding(nn.Module):
 
     def logits(self, x: Array) -> Array:
         """Decoder output [b, l, d_model] -> vocabulary logits [b, l, vocab], float32."""
-        logits = jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.config.dtype))
-        return logits.astype(jnp.float32)
+        return project(x, self.embedding, self.config.dtype)
+
+
+def project(x: Array, embedding: Array, dtype) -> Array:
+    """The pre-softmax projection with the shared embedding [vocab, d_model]: x [..., d_model] ->
+    logits [..., vocab], computed in `dtype` and returned in float32."""
+    logits = jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
+    return logits.astype(jnp.float32)
 
 
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
@@ -491,6 +497,7 @@ class Decoder(nn.Module):
         cross_mask: AttentionMask,
         positions: Array,
         deterministic: bool,
+        project: bool = True,
     ) -> Array:
         c = self.config
         if c.decode:
@@ -506,7 +513,7 @@ class Decoder(nn.Module):
             x = DecoderLayer(c, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic)
         if c.norm == "pre":
             x = nn.LayerNorm(dtype=c.dtype, name="final_norm")(x)
-        return self.embed.logits(x)
+        return self.embed.logits(x) if project else x
 
 
 class Transformer(nn.Module):
@@ -544,8 +551,10 @@ class Transformer(nn.Module):
         targets_positions: Array | None = None,
         deterministic: bool = True,
         inputs_packed: bool = True,
+        project: bool = True,
     ) -> Array:
-        """Target ids [b, l] -> logits [b, l, vocab] predicting each target from the ones before.
+        """Target ids [b, l] -> logits [b, l, vocab] predicting each target from the ones before
+        (`project` False: the decoder's output [b, l, d_model] before the pre-softmax projection).
 
         No `targets_segmentation`: padded rows. `inputs_packed` False promises `inputs_segmentation`
         is `default_segmentation` of padded rows (see `AttentionMask.packed`).
@@ -566,7 +575,7 @@ class Transformer(nn.Module):
             targets_positions = default_positions(targets)
         self_mask = AttentionMask(targets_segmentation, targets_segmentation, causal=True, packed=targets_packed)
         cross_mask = AttentionMask(targets_segmentation, inputs_segmentation, packed=targets_packed or inputs_packed)
-        return self.decoder(decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic)
+        return self.decoder(decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic, project)
 
     def __call__(
         self,
@@ -577,15 +586,24 @@ class Transformer(nn.Module):
         inputs_positions: Array | None = None,
         targets_positions: Array | None = None,
         deterministic: bool = True,
+        project: bool = True,
     ) -> Array:
-        """Source ids [b, l_src], target ids [b, l_tgt] -> logits [b, l_tgt, vocab]. Without
-        segmentations, each row is one example padded at its end."""
+        """Source ids [b, l_src], target ids [b, l_tgt] -> logits [b, l_tgt, vocab] (`project`
+        False: the decoder's output [b, l_tgt, d_model]). Without segmentations, each row is one
+        example padded at its end."""
         encoded = self.encode(inputs, inputs_segmentation, inputs_positions, deterministic)
         inputs_packed = inputs_segmentation is not None
         if not inputs_packed:
             inputs_segmentation = default_segmentation(inputs)
         return self.decode(
-            encoded, inputs_segmentation, targets, targets_segmentation, targets_positions, deterministic, inputs_packed
+            encoded,
+            inputs_segmentation,
+            targets,
+            targets_segmentation,
+            targets_positions,
+            deterministic,
+            inputs_packed,
+            project,
         )
 
 

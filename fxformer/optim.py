@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from fxformer.model import project
 from fxformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -44,13 +45,13 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
     """Sums over weighted target tokens of the label-smoothed loss, the plain NLL, and correct guesses.
 
     The smoothed target puts 1 - eps_ls on the reference token and eps_ls / (vocab - 1) on every
-    other token; the loss is the cross-entropy against it. logits [b, l, vocab], targets and
-    weights [b, l] (weight 0 for padding). Sums, not means, so that micro-batches and devices
+    other token; the loss is the cross-entropy against it. logits [..., vocab], targets and
+    weights [...] (weight 0 for padding). Sums, not means, so that micro-batches and devices
     add up exactly; divide by `tokens` for per-token values.
     """
     vocab = logits.shape[-1]
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, l]
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
     smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)  # -sum_v q(v) log p(v)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -58,11 +59,40 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
     return dict(zip(SUMS, sums, strict=True))
 
 
-def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None) -> dict[str, Array]:
+def chunked_cross_entropy_sums(
+    hidden: Array, embedding: Array, targets: Array, weights: Array, label_smoothing: float, chunk: int, dtype
+) -> dict[str, Array]:
+    """`cross_entropy_sums` of the logits `project(hidden, embedding, dtype)`, computed
+    `chunk` target tokens at a time: only one chunk's logits [chunk, vocab] exist at once, in the
+    forward pass and in the backward pass (which recomputes each chunk's logits for its gradient).
+
+    hidden [..., d_model] is the decoder's output, embedding [vocab, d_model] the shared matrix;
+    the same sums as projecting everything at once, up to float32 rounding of their order.
+    """
+    d_model = hidden.shape[-1]
+    hidden, targets, weights = hidden.reshape(-1, d_model), targets.reshape(-1), weights.reshape(-1)
+    pad = -targets.shape[0] % chunk  # filler tokens of weight 0
+    hidden = jnp.pad(hidden, ((0, pad), (0, 0))).reshape(-1, chunk, d_model)
+    targets = jnp.pad(targets, (0, pad), constant_values=PAD_ID).reshape(-1, chunk)
+    weights = jnp.pad(weights, (0, pad)).reshape(-1, chunk)
+
+    @jax.checkpoint
+    def one_chunk(embedding, hidden, targets, weights):
+        return cross_entropy_sums(project(hidden, embedding, dtype), targets, weights, label_smoothing)
+
+    def add(sums, chunk_inputs):
+        return jax.tree.map(jnp.add, sums, one_chunk(embedding, *chunk_inputs)), None
+
+    zeros = {key: jnp.zeros((), jnp.float32) for key in SUMS}
+    sums, _ = jax.lax.scan(add, zeros, (hidden, targets, weights))
+    return sums
+
+
+def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chunk: int = 0) -> dict[str, Array]:
     """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
-    dropout on when `rng` is given."""
+    dropout on when `rng` is given; `chunk` > 0: the projection and loss `chunk` tokens at a time."""
     packed = "inputs_segment_ids" in batch
-    logits = model.apply(
+    out = model.apply(
         {"params": params},
         batch["inputs"],
         batch["targets"],
@@ -71,9 +101,15 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None) -> d
         inputs_positions=batch["inputs_positions"] if packed else None,
         targets_positions=batch["targets_positions"] if packed else None,
         deterministic=rng is None,
+        project=not chunk,
         rngs={"dropout": rng} if rng is not None else None,
-    )
+    )  # logits [b, l, vocab], or with `chunk` the decoder's output [b, l, d_model]
     weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
     if "example_mask" in batch:
         weights = weights * batch["example_mask"][:, None]
-    return cross_entropy_sums(logits, batch["targets"], weights, label_smoothing)
+    if chunk:
+        embedding = params["embed"]["embedding"]
+        return chunked_cross_entropy_sums(
+            out, embedding, batch["targets"], weights, label_smoothing, chunk, model.config.dtype
+        )
+    return cross_entropy_sums(out, batch["targets"], weights, label_smoothing)

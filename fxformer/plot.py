@@ -3,10 +3,11 @@ measured it, `dev_bleu_every_steps`), learning rate.
 
     python -m fxformer.plot --workdir=runs/default            # writes runs/default/curves.png
     python -m fxformer.plot --workdir=runs/a --workdir=runs/b --out=compare.png --x=tokens_seen
+    python -m fxformer.plot --workdir=runs/multi30k --panels=dev_bleu --x=minutes --out=bleu.png
 
-Reads `W/metrics.jsonl` only (no JAX, no checkpoints), so it works during training too. Each
-panel is plotted against steps (or `--x` tokens_seen, epochs, wall_s); several workdirs are
-overlaid, labelled by their names.
+Reads `W/metrics.jsonl` only (no JAX, no checkpoints), so it works during training too (and on
+a folder that holds a copied metrics.jsonl alone). Each panel is plotted against steps (or `--x`
+tokens_seen, epochs, wall_s, minutes); several workdirs are overlaid, labelled by their names.
 """
 
 from __future__ import annotations
@@ -17,10 +18,23 @@ from fxformer.errors import UserError
 PANELS = (
     ("loss", "train loss (label-smoothed)", False),
     ("dev_ppl", "dev perplexity (per wordpiece)", True),
-    ("dev_bleu", "dev BLEU (beam search, dev subset)", False),
+    ("dev_bleu", "dev BLEU (beam search, during training)", False),
     ("learning_rate", "learning rate", False),
 )
-X_AXES = {"step": "step", "tokens_seen": "target tokens seen", "epochs": "epochs", "wall_s": "seconds of training"}
+X_AXES = {
+    "step": "step",
+    "tokens_seen": "target tokens seen",
+    "epochs": "epochs",
+    "wall_s": "seconds of training",
+    "minutes": "minutes of training",
+}
+
+
+def x_value(line: dict, x: str) -> float | None:
+    """A metrics line's value on the axis `x` (minutes: its wall_s / 60), None where not logged."""
+    if x == "minutes":
+        return line["wall_s"] / 60 if "wall_s" in line else None
+    return line.get(x)
 
 
 def read_metrics(workdir: paths.PathLike) -> list[dict]:
@@ -30,14 +44,18 @@ def read_metrics(workdir: paths.PathLike) -> list[dict]:
     return logged
 
 
-def plot(workdirs: list[str], out: paths.PathLike, x: str = "step") -> None:
+def plot(workdirs: list[str], out: paths.PathLike, x: str = "step", keys: tuple[str, ...] = ()) -> None:
+    """The PANELS (those named in `keys`, else all) that the runs logged, against `x`."""
     plt = png.pyplot()
     runs = {str(w).rstrip("/").rsplit("/", 1)[-1] or str(w): read_metrics(w) for w in workdirs}
-    panels = [p for p in PANELS if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
+    chosen = [p for p in PANELS if not keys or p[0] in keys]
+    panels = [p for p in chosen if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
+    if not panels:
+        raise UserError(f"{', '.join(workdirs)} logged none of {', '.join(p[0] for p in chosen)}; leave out --panels.")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title, log_scale) in zip(axes[0], panels):
         for name, lines in runs.items():
-            points = [(m[x], m[key]) for m in lines if key in m and x in m]
+            points = [(x_value(m, x), m[key]) for m in lines if key in m and x_value(m, x) is not None]
             if points:
                 ax.plot(
                     [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name
@@ -57,9 +75,20 @@ def main() -> None:
     p.add_argument("--workdir", action="append", required=True, help="a run directory (repeat to overlay runs)")
     p.add_argument("--out", default="", help="the PNG file (default: W/curves.png of the first workdir)")
     p.add_argument("--x", default="step", choices=sorted(X_AXES), help="the horizontal axis (default: step)")
+    p.add_argument(
+        "--panels",
+        default="",
+        help=f"comma-separated, of {', '.join(p[0] for p in PANELS)} (default: every one logged)",
+    )
     args, _ = cli.parse(p)
+    keys = tuple(k for k in args.panels.split(",") if k)
+    unknown = [k for k in keys if k not in {p[0] for p in PANELS}]
+    if unknown:
+        raise UserError(
+            f"--panels: {', '.join(unknown)} is not a panel; choose from {', '.join(p[0] for p in PANELS)}."
+        )
     out = args.out or str(paths.as_path(args.workdir[0]) / "curves.png")
-    plot(args.workdir, out, args.x)
+    plot(args.workdir, out, args.x, keys)
     print(f"written: {out}")
 
 

@@ -20,6 +20,7 @@ def defaults() -> ml_collections.ConfigDict:
     config.adam_b2 = 0.98
     config.adam_eps = 1e-9
     config.grad_accum_steps = 1  # micro-batches per step, to reach the paper's batch on fewer devices
+    config.loss_chunk_tokens = 0  # > 0: output projection and loss this many target tokens at a time (memory)
 
     config.num_train_steps = 100_000
     config.checkpoint_every_steps = 1500  # ~10 minutes at the paper's 0.4 s/step, on any hardware

@@ -38,14 +38,14 @@ from fxformer.trainstate import TrainState
 
 
 def train_step(
-    state: TrainState, batch: dict, *, model, tx, schedule, label_smoothing: float, accum: int
+    state: TrainState, batch: dict, *, model, tx, schedule, label_smoothing: float, accum: int, chunk: int = 0
 ) -> tuple[TrainState, dict]:
     """One optimizer step on a global batch, in `accum` micro-batches: (state, batch) -> (state, metrics).
 
     Gradients of the summed loss are added over micro-batches (and, by XLA, over devices),
     then divided by the number of target tokens: the mean over the whole global batch. The
     dropout key is the run's key folded with the step (and the micro-batch), so a resumed run
-    draws the same masks.
+    draws the same masks. `chunk` > 0: the loss's projection `chunk` tokens at a time (`optim.loss_sums`).
     """
     rng = jax.random.fold_in(state.rng, state.step)
 
@@ -57,7 +57,7 @@ def train_step(
         micro_batch, index = inputs
 
         def loss_fn(params):
-            out = optim.loss_sums(params, micro_batch, model, label_smoothing, jax.random.fold_in(rng, index))
+            out = optim.loss_sums(params, micro_batch, model, label_smoothing, jax.random.fold_in(rng, index), chunk)
             return out["loss"], out
 
         grads, out = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -311,7 +311,7 @@ class Loop:
             mesh,
             model,
             compile_train_step(config, model, tx, mesh),
-            inference.loss_step(model, config.label_smoothing, mesh),
+            inference.loss_step(model, config.label_smoothing, mesh, config.loss_chunk_tokens),
             data_iterator,
             lengths,
             len(train_split),
@@ -459,6 +459,7 @@ def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
         schedule=optim.learning_rate_schedule(config),
         label_smoothing=config.label_smoothing,
         accum=config.grad_accum_steps,
+        chunk=config.loss_chunk_tokens,
     )
     return jax.jit(
         step,

@@ -11,6 +11,7 @@ Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/t
 import gzip
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -294,6 +295,42 @@ def test_collect_from_the_records_alone_rebuilds_the_table_byte_for_byte(tmp_pat
     capsys.readouterr()
     assert experiments_main.main(["collect", "table3", f"--from_records={records}", "--root=x"]) != 0
     assert "need no --root" in capsys.readouterr().err
+
+
+def test_restore_moves_a_sweep_to_a_new_machine_through_its_records(tmp_path, capsys):
+    """restore writes each finished run its records hold into an empty root (no checkpoints): the
+    runs read as finished (so `run` skips them; an early-stopped one keeps its end), runs the
+    records hold unfinished are left to `run`, and collect from the new root gives the same records."""
+    root, saved = tmp_path / "t3", tmp_path / "records.jsonl.gz"
+    ctx = fake_mini_sweep(root)
+    early = Replicate(ctx.sweep.select("C1")[0], 1)  # ended by early stopping at step 700
+    shutil.rmtree(root / early.name)
+    config = early.resolved(()) | {"early_stopping_patience": 2, "best_metric": "dev_ppl"}
+    curve = {s: 12.0 - min(s, 500) / 100 + max(0, s - 500) / 10_000 for s in range(100, 701, 100)}
+    fake_workdir(root / early.name, config, curve, (2.2, 55.0), 54.0, end=700)
+    finished = "--only=base,C1,D1"  # A1 has no test evaluation yet: trained, not finished
+
+    def collect(out):
+        assert experiments_main.main(["collect", "table3", f"--root={root}", finished, f"--out={out}"]) == 0
+        table = re.sub(r"collected [\d-]+ [\d:]+", "", (out / "table.md").read_text())
+        return table, [rep for rep in records.read(out / records.NAME)["replicates"] if rep["state"] == "finished"]
+
+    before = collect(tmp_path / "before")
+    assert experiments_main.main(["collect", "table3", f"--root={root}", f"--out={tmp_path}"]) == 0  # every row
+    shutil.rmtree(root)
+    capsys.readouterr()
+    assert experiments_main.main(["restore", "table3", f"--from_records={saved}", f"--root={root}", "--seeds=3"]) == 0
+    assert f"{root}: 9 finished runs restored from {saved}; `run` trains" in capsys.readouterr().err
+    again = runner.parser("status").parse_args(["table3", f"--root={root}"])  # the root's record: mini, 3 seeds
+    ctx = Context(again, [])
+    states = {rep.name: str(ctx.read(rep).state()) for rep in ctx.units(ctx.sweep.select("base,A1,C1,D1"))}
+    assert states == {name: "pending" if name.startswith("A1") else "finished" for name in states} and len(states) == 12
+    assert ctx.read(early).total_steps == 700 and not (root / early.name / "checkpoints").exists()
+    assert collect(tmp_path / "after") == before
+    assert experiments_main.main(["restore", "table3", f"--from_records={saved}", f"--root={root}"]) == 0
+    assert "0 finished runs restored" in capsys.readouterr().err  # run directories are never overwritten
+    assert experiments_main.main(["restore", "table3", f"--root={root}"]) != 0
+    assert "restore needs --from_records=FILE" in capsys.readouterr().err
 
 
 MINI = Path(__file__).resolve().parent.parent / "experiments" / "results" / "table3-mini"

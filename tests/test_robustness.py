@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import cut_short, env_with_devices, left_as_is, run_train, snapshot, train_command
 
-from fxformer import cli, configfile, exitcodes, train
+from fxformer import cli, configfile, exitcodes, plot, train
 from fxformer.config import with_overrides
 from fxformer.errors import UserError
 
@@ -146,6 +146,14 @@ def test_plot_writes_learning_curves(tmp_path):
             [sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'none'}"], capture_output=True, text=True
         )
     assert empty.returncode == exitcodes.USER_ERROR and "no metrics.jsonl yet" in empty.stderr
+    timed = [{"step": s, "loss": 1.0 / s, "dev_bleu": float(s), "wall_s": 90.0 * s} for s in (1, 2, 3)]
+    (tmp_path / "c" / "metrics.jsonl").write_text("".join(_json.dumps(m) + "\n" for m in timed))
+    command = [sys.executable, "-m", "fxformer.plot", f"--workdir={tmp_path / 'c'}", "--x=minutes"]
+    subprocess.run([*command, "--panels=dev_bleu", f"--out={tmp_path / 'bleu.png'}"], check=True)
+    assert width((tmp_path / "bleu.png").read_bytes()) == width(png) // 3  # the one panel asked for
+    assert [plot.x_value(m, "minutes") for m in timed] == [1.5, 3.0, 4.5]
+    bad = subprocess.run([*command, "--panels=dev_bleu,bleu"], capture_output=True, text=True)
+    assert bad.returncode == exitcodes.USER_ERROR and "--panels: bleu is not a panel" in bad.stderr
 
 
 @pytest.mark.slow

@@ -94,6 +94,35 @@ def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     assert float(sums["loss"]) == pytest.approx(loss, rel=1e-5)
 
 
+@pytest.mark.slow  # compiles a model
+@pytest.mark.parametrize("chunk", [1, 7, 64])  # one token; a chunk that does not divide the 30; more than all
+def test_chunked_loss_and_gradients_equal_the_whole_projections(data_dir, chunk):
+    """loss_chunk_tokens: the projection and loss a chunk at a time give the sums and the
+    gradients of projecting every position at once (same dropout masks), within float32 rounding."""
+    config = tiny_config(data_dir)
+    model = Transformer(TransformerConfig.from_config(config.model, 20))
+    rng = np.random.default_rng(0)
+    inputs = jnp.asarray(rng.integers(4, 20, size=(3, 10)))
+    targets = jnp.asarray(rng.integers(4, 20, size=(3, 10))).at[1, 6:].set(0)  # row 2 padded, row 3 filler
+    params = model.init(jax.random.key(0), inputs, targets)["params"]
+    batch = {"inputs": inputs, "targets": targets, "example_mask": jnp.array([1.0, 1.0, 0.0])}
+
+    def loss(params, chunk):
+        out = optim.loss_sums(params, batch, model, 0.1, rng=jax.random.key(1), chunk=chunk)
+        return out["loss"], out
+
+    (_, whole), whole_grads = jax.value_and_grad(loss, has_aux=True)(params, 0)
+    (_, chunked), chunked_grads = jax.value_and_grad(loss, has_aux=True)(params, chunk)
+    assert float(chunked["tokens"]) == float(whole["tokens"]) == 16
+    for key in optim.SUMS:
+        assert float(chunked[key]) == pytest.approx(float(whole[key]), rel=1e-5), key
+    flat_whole, flat_chunked = jax.tree.leaves_with_path(whole_grads), jax.tree.leaves(chunked_grads)
+    assert len(flat_whole) == len(flat_chunked)
+    for (path, a), b in zip(flat_whole, flat_chunked, strict=True):
+        assert float(jnp.abs(a).max()) > 0, path  # every parameter gets a gradient: the comparison means something
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6, err_msg=str(path))
+
+
 # ---------------------------------------------------------------------------------------------
 # The step on 8 devices, 1 device, micro-batches
 
@@ -237,19 +266,20 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipelin
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path, data_dir, corpus):
-    workdir = tmp_path / "w"
-    process = subprocess.Popen(
-        train_command(workdir, data_dir, num_train_steps=100_000),
-        env=env_with_devices(1),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    three_logged = lambda: (workdir / "metrics.jsonl").exists() and len(logged(workdir)) >= 3  # noqa: E731
-    wait_while_running(process, three_logged, deadline)
-    process.send_signal(sig)
-    stdout, stderr = process.communicate(timeout=120)
+    workdir, out, err = tmp_path / "w", tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out.open("w") as stdout_file, err.open("w") as stderr_file:  # files, not pipes: nothing unread fills up
+        process = subprocess.Popen(
+            train_command(workdir, data_dir, num_train_steps=100_000),
+            env=env_with_devices(1),
+            stdout=stdout_file,
+            stderr=stderr_file,
+        )
+        deadline = time.time() + 300
+        three_logged = lambda: (workdir / "metrics.jsonl").exists() and len(logged(workdir)) >= 3  # noqa: E731
+        wait_while_running(process, three_logged, deadline)
+        process.send_signal(sig)
+        process.wait(timeout=120)
+    stdout, stderr = out.read_text(), err.read_text()
     assert process.returncode == exitcodes.STOPPED != exitcodes.OK, stderr[-2000:]  # a finished run exits 0
     assert "Traceback" not in stderr
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
