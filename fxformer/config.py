@@ -195,7 +195,7 @@ AT_LEAST = {
     "average_last": 1, "checkpoint_every_minutes": 0,
     "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0, "loss_chunk_tokens": 0,
     "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
-    "data.workers": 0, "data.device_prefetch": 0,
+    "data.workers": 0, "data.device_prefetch": 0, "data.train_pairs": 0,
     "data.vocab_size": 8, "data.tokenizer_sentences": 1,
 }  # fmt: skip
 BEST_METRICS = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu")

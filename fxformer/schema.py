@@ -81,6 +81,7 @@ def data_section() -> ml_collections.ConfigDict:
     section.test_source_file = ""
     section.test_target_file = ""
     section.heldout = 1000  # dataset "text" without those files: the last 2 x heldout pairs are validation, test
+    section.train_pairs = 0  # dataset "text": train on the first this many training pairs only (0 = all)
     section.train_split = "train"
     section.eval_split = "validation"  # newstest2013
     section.test_split = "test"  # newstest2014

@@ -85,6 +85,7 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "data.test_target_file",
         "data.workers",
         "data.device_prefetch",
+        "data.train_pairs",
         "loss_chunk_tokens",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
@@ -97,7 +98,7 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
 
 def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_since():
     written = fixture("config-issue21.json")
-    since = {"workers": 0, "device_prefetch": 0}  # issue 36's input pipeline
+    since = {"workers": 0, "device_prefetch": 0, "train_pairs": 0}  # issue 36's input pipeline; a text subset
     assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == {
         **written,
         "data": {**written["data"], **since},

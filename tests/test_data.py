@@ -14,6 +14,7 @@ from tensorflow_datasets.translate import wmt14
 
 from fxformer.config import validate
 from fxformer.data import corpora, packing, pipeline, token_ids, tokenized, tokenizer_for
+from fxformer.errors import UserError
 from fxformer.tokens import EOS_ID, PAD_ID
 
 
@@ -255,6 +256,14 @@ def test_own_parallel_text_files(tmp_path):
     assert texts(builder, "train", "en")[:2] == ["sentence number 0", "sentence number 1"]
     assert texts(builder, "validation", "de") == [f"Satz Nummer {i}" for i in range(40, 45)]
     assert texts(builder, "test", "de") == [f"Satz Nummer {i}" for i in range(45, 50)]
+    config.data.train_pairs = 12  # the first 12 training pairs: another dataset, the same held-out pairs
+    subset = corpora.prepare(config.data)
+    assert subset.builder_config.name != builder.builder_config.name
+    assert texts(subset, "train", "de") == [f"Satz Nummer {i}" for i in range(12)]
+    assert texts(subset, "validation", "de") == texts(builder, "validation", "de")
+    config.data.train_pairs = 41
+    with pytest.raises(UserError, match="data.train_pairs is 41 but .* gives 40 training pairs"):
+        corpora.prepare(config.data)
 
 
 @pytest.mark.slow

@@ -90,12 +90,14 @@ EMBEDDED = dict(zip(EMBEDDED_CORPORA, (FxformerEmbedded, FxformerEmbedded2), str
 @dataclasses.dataclass
 class TextConfig(tfds.core.BuilderConfig):
     """Line-aligned files per split: `files` maps a split to (source file, target file). With
-    the train pair alone, the last 2 x `heldout` pairs become validation and test."""
+    the train pair alone, the last 2 x `heldout` pairs become validation and test. `train_pairs`
+    > 0: the training split keeps its first that many pairs (after those held out)."""
 
     files: tuple = ()  # ((split, source file, target file), ...)
     source_lang: str = "src"
     target_lang: str = "tgt"
     heldout: int = 1000
+    train_pairs: int = 0
 
 
 def _read_lines(path: str) -> list[str]:
@@ -148,6 +150,13 @@ class FxformerParallelText(LocalBuilder):
                 raise UserError(f"{c.files[0][1]} has {len(pairs):,} pairs, too few to hold out 2 x {c.heldout:,}.")
             n = len(pairs) - 2 * c.heldout
             parts = {"train": pairs[:n], "validation": pairs[n : n + c.heldout], "test": pairs[n + c.heldout :]}
+        if c.train_pairs:
+            if c.train_pairs > len(parts["train"]):
+                raise UserError(
+                    f"data.train_pairs is {c.train_pairs:,} but {c.files[0][1]} gives {len(parts['train']):,} training "
+                    "pairs; give at most that many, or 0 for all."
+                )
+            parts["train"] = parts["train"][: c.train_pairs]
         return {name: self._generate_examples(part) for name, part in parts.items()}
 
     def _generate_examples(self, pairs):
@@ -179,6 +188,8 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
     if len(files) == 2:
         raise UserError("Give both validation and test files for dataset 'text', or neither (then heldout is used).")
     digest = hashlib.sha1(f"{data.heldout}|{data.source_lang}|{data.target_lang}".encode())
+    if data.train_pairs:  # a subset is another dataset (all of them: the name it always had)
+        digest.update(f"|train_pairs={data.train_pairs}".encode())
     for split, *names in files:
         for name in names:
             digest.update(split.encode())
@@ -191,6 +202,7 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
         source_lang=data.source_lang,
         target_lang=data.target_lang,
         heldout=data.heldout,
+        train_pairs=data.train_pairs,
     )
 
 
