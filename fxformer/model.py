@@ -159,10 +159,10 @@ class SharedEmbedding(nn.Module):
 
     def logits(self, x: Array) -> Array:
         """Decoder output [b, l, d_model] -> vocabulary logits [b, l, vocab], float32."""
-        return project(x, self.embedding, self.config.dtype)
+        return vocabulary_logits(x, self.embedding, self.config.dtype)
 
 
-def project(x: Array, embedding: Array, dtype) -> Array:
+def vocabulary_logits(x: Array, embedding: Array, dtype) -> Array:
     """The pre-softmax projection with the shared embedding [vocab, d_model]: x [..., d_model] ->
     logits [..., vocab], computed in `dtype` and returned in float32."""
     logits = jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
@@ -605,6 +605,11 @@ class Transformer(nn.Module):
             inputs_packed,
             project,
         )
+
+
+def shared_embedding(params) -> Array:
+    """The shared embedding matrix [vocab, d_model] in a Transformer's parameters."""
+    return params["embed"]["embedding"]
 
 
 def init_params(model: Transformer, key: Array):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from fxformer.model import project
+from fxformer.model import shared_embedding, vocabulary_logits
 from fxformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -62,7 +62,7 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
 def chunked_cross_entropy_sums(
     hidden: Array, embedding: Array, targets: Array, weights: Array, label_smoothing: float, chunk: int, dtype
 ) -> dict[str, Array]:
-    """`cross_entropy_sums` of the logits `project(hidden, embedding, dtype)`, computed
+    """`cross_entropy_sums` of the logits `vocabulary_logits(hidden, embedding, dtype)`, computed
     `chunk` target tokens at a time: only one chunk's logits [chunk, vocab] exist at once, in the
     forward pass and in the backward pass (which recomputes each chunk's logits for its gradient).
 
@@ -78,7 +78,7 @@ def chunked_cross_entropy_sums(
 
     @jax.checkpoint
     def one_chunk(embedding, hidden, targets, weights):
-        return cross_entropy_sums(project(hidden, embedding, dtype), targets, weights, label_smoothing)
+        return cross_entropy_sums(vocabulary_logits(hidden, embedding, dtype), targets, weights, label_smoothing)
 
     def add(sums, chunk_inputs):
         return jax.tree.map(jnp.add, sums, one_chunk(embedding, *chunk_inputs)), None
@@ -108,7 +108,7 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chun
     if "example_mask" in batch:
         weights = weights * batch["example_mask"][:, None]
     if chunk:
-        embedding = params["embed"]["embedding"]
+        embedding = shared_embedding(params)
         return chunked_cross_entropy_sums(
             out, embedding, batch["targets"], weights, label_smoothing, chunk, model.config.dtype
         )

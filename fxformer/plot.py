@@ -55,7 +55,7 @@ def plot(workdirs: list[str], out: paths.PathLike, x: str = "step", keys: tuple[
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title, log_scale) in zip(axes[0], panels):
         for name, lines in runs.items():
-            points = [(x_value(m, x), m[key]) for m in lines if key in m and x_value(m, x) is not None]
+            points = [(at, m[key]) for m in lines if key in m and (at := x_value(m, x)) is not None]
             if points:
                 ax.plot(
                     [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None, label=name
