@@ -14,16 +14,15 @@ import math
 import re
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import ended, left_as_is
+from conftest import left_as_is
 from scipy import stats as scipy_stats
 from test_launch import check_golden, head_commit
-from test_sweep import LONGER, experiments, losses, started_until_checkpoint, sweep_command
+from test_sweep import LONGER, experiments, losses, started_until_checkpoint, stopped, sweep_command
 
 from experiments import __main__ as experiments_main
 from experiments import records, report, runner, stats
@@ -476,9 +475,9 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
         "run", "table3", f"--root={root}", "--profile=smoke", "--only=B1", "--seeds=2", data_dir=data_dir, extra=LONGER
     )
     checkpoints = root / "B1.s1" / "checkpoints"
-    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, stdout=subprocess.DEVNULL)
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, log=tmp_path / "launcher")
     launcher.send_signal(signal.SIGTERM)
-    status, _, err = ended(launcher)
+    status, err = stopped(launcher, tmp_path / "launcher")
     assert status == exitcodes.STOPPED, err[-3000:]
     stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
     result = experiments("run", "table3", f"--root={root}", "--only=B1")

@@ -68,14 +68,23 @@ def experiments(*argv, data_dir=None, extra=(), **kwargs):
     )
 
 
-def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, stdout=subprocess.PIPE) -> subprocess.Popen:
-    """A sweep command, started and returned once `checkpoints` holds step 10 or later."""
-    launcher = subprocess.Popen(argv, cwd=REPO, env=sweep_env(), stdout=stdout, stderr=subprocess.PIPE)
+def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, log: Path) -> subprocess.Popen:
+    """A sweep command, started with its output in files (`log`.out and `log`.err: a pipe that
+    nobody reads while it runs could fill and stall it), returned once `checkpoints` holds step 10
+    or later."""
+    with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
+        launcher = subprocess.Popen(argv, cwd=REPO, env=sweep_env(), stdout=out, stderr=err)
     deadline = time.time() + timeout_s
     while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
         assert launcher.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
         time.sleep(0.1)
     return launcher
+
+
+def stopped(launcher: subprocess.Popen, log: Path) -> tuple[int, str]:
+    """The exit status and the stderr of a command started by `started_until_checkpoint`."""
+    status, _, _ = ended(launcher)
+    return status, Path(f"{log}.err").read_text()
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -137,8 +146,9 @@ def test_the_real_text_profile_reads_its_folder_and_trains_to_a_plateau(tmp_path
         "2016_flickr.de.gz"
     )
     assert config.data.validation_source_file == f"{raw}/val.en.gz" and config.model.num_layers == 1
-    assert config.early_stopping_patience == 3 and config.best_metric == "dev_ppl" and config.num_train_steps == 6000
-    assert table3.get_config("big,multi30k").num_train_steps == 18000
+    assert config.early_stopping_patience == 3 and config.best_metric == "dev_ppl" and config.num_train_steps == 3000
+    assert config.eval_every_steps == 100 and config.data.train_pairs == 8000 and config.warmup_steps == 120
+    assert table3.get_config("big,multi30k").num_train_steps == 9000
     assert "configs/table3.py:D2,multi30k:/data/m30k" in table3.sweep("multi30k:/data/m30k")["runs"]["D2"]
     assert table3.sweep("multi30k:/data/m30k")["replicates"] == {"base": 5, "*": 3}
     with pytest.raises(ValueError, match="reads no folder"):
@@ -373,18 +383,16 @@ def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_pat
         "run", "table3", f"--root={root}", "--profile=smoke", "--only=base", data_dir=data_dir, extra=LONGER
     )
     checkpoints = root / "base" / "checkpoints"
-    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120)
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120, log=tmp_path / "launcher")
     trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
     if sig == signal.SIGTERM:
         launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop
-        status, _, err = ended(launcher)
+        status, err = stopped(launcher, tmp_path / "launcher")
         assert status == exitcodes.STOPPED, err[-3000:]
     else:  # a crash: the launcher and the training process die at once
         os.kill(launcher.pid, signal.SIGKILL)
         os.kill(trainer, signal.SIGKILL)
         launcher.wait()
-    launcher.stdout.close()
-    launcher.stderr.close()
     stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
     assert 10 <= stopped_at < 30
     result = experiments("run", "table3", f"--root={root}", "--only=base")  # the same sweep again
