@@ -404,7 +404,9 @@ class Loop:
             epoch = pipeline.epoch_size(self.train_pairs, self.lengths)
             self.writer.write(self.step, self.progress.record(logged, steps, epoch))
         if self.progress.console_due(bool(logged)):
-            shown = logged or per_token_step(self.pending[-1])  # waits for the step: the speed is real
+            # between log steps: the steps since the last one, the window the next log line averages
+            # (one step's loss would jump at each log line); waits for the step: the speed is real
+            shown = logged or window_metrics(jax.device_get(self.pending))
             self.log(self.progress.line(self.step, self.config.num_train_steps, shown))
 
     def save(self, due: Due, logged: dict[str, float]) -> None:
@@ -569,9 +571,14 @@ def fetch(pending: list[dict], watch: DivergenceWatch, step: int, manager) -> tu
             f"The training loss {what} at step {first_bad}; {kept}: lower learning_rate_scale or raise warmup_steps "
             "and resume."
         )
+    return window_metrics(fetched), len(fetched)
+
+
+def window_metrics(fetched: list[dict]) -> dict[str, float]:
+    """Per-token loss, nll, perplexity and accuracy over steps' fetched metrics (their sums over
+    their tokens, not a mean of per-step means), the last one's learning rate, the tokens."""
     sums = {k: sum(float(m[k]) for m in fetched) for k in optim.SUMS}
-    logged = {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
-    return logged, len(fetched)
+    return {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
 
 
 def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, log) -> str:
@@ -588,12 +595,6 @@ def plateau(config, best: checkpoint.Best, step: int) -> str:
     if patience and best.stale >= patience and step < config.num_train_steps:
         return f"no better {best.metric} in {patience} dev evaluations (early stopping)"
     return ""
-
-
-def per_token_step(metrics: dict) -> dict[str, float]:
-    """Per-token values of one step's device metrics (a sync: only for the console)."""
-    fetched = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    return {**per_token(fetched), "learning_rate": fetched["learning_rate"]}
 
 
 def main() -> int:

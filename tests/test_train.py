@@ -159,6 +159,20 @@ def tiny_config(data_dir, **overrides):
     return with_overrides(small_config(data_dir), {**TINY, **overrides})
 
 
+def test_logged_and_console_losses_are_their_steps_sums_over_their_tokens():
+    """A log line and the console lines between log lines average the same way: the steps' summed
+    loss over their summed tokens (a 2-token step weighs a quarter of an 8-token one)."""
+    steps = [
+        {"loss": 6.0, "nll": 5.0, "correct": 1.0, "tokens": 2.0, "learning_rate": 1e-3},
+        {"loss": 30.0, "nll": 20.0, "correct": 4.0, "tokens": 8.0, "learning_rate": 2e-3},
+    ]
+    shown = train.window_metrics(steps)
+    assert shown["loss"] == pytest.approx(3.6) and shown["nll"] == pytest.approx(2.5)
+    assert shown["ppl"] == pytest.approx(math.exp(2.5)) and shown["accuracy"] == pytest.approx(0.5)
+    assert shown["learning_rate"] == 2e-3 and shown["tokens"] == 10.0
+    assert train.window_metrics(steps[1:])["loss"] == pytest.approx(30.0 / 8.0)  # one step: its own mean
+
+
 # Adam's epsilon for comparing two ways of computing the same step: with the paper's 1e-9, a
 # parameter whose gradient is float noise (~1e-8) moves by about the learning rate in a direction
 # the noise picks, so summation order alone can move it by 2e-4 (seen once in 2,048 parameters of
