@@ -160,8 +160,8 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     logged = w.logged()
     if w.config.exists():  # checked as every command checks it
         row.config = load_workdir_config(w).to_dict()
-        row.early_end = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"], logged)
-        row.early_end = row.early_end or row.status.get("early_end")  # a row restored from records
+        plateau = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"], logged)
+        row.early_end = plateau or row.status.get("early_end")  # or, restored from records, what they told
     row.checkpoint_steps = w.checkpoint_steps()
     row.logged_step = logged[-1]["step"] if logged else 0
     total = row.total_steps

@@ -21,6 +21,7 @@ PANELS = (
     ("dev_bleu", "dev BLEU (beam search, during training)", False),
     ("learning_rate", "learning rate", False),
 )
+PANEL_KEYS = tuple(key for key, _, _ in PANELS)
 X_AXES = {
     "step": "step",
     "tokens_seen": "target tokens seen",
@@ -78,15 +79,13 @@ def main() -> None:
     p.add_argument(
         "--panels",
         default="",
-        help=f"comma-separated, of {', '.join(p[0] for p in PANELS)} (default: every one logged)",
+        help=f"comma-separated, of {', '.join(PANEL_KEYS)} (default: every one logged)",
     )
     args, _ = cli.parse(p)
     keys = tuple(k for k in args.panels.split(",") if k)
-    unknown = [k for k in keys if k not in {p[0] for p in PANELS}]
+    unknown = [k for k in keys if k not in PANEL_KEYS]
     if unknown:
-        raise UserError(
-            f"--panels: {', '.join(unknown)} is not a panel; choose from {', '.join(p[0] for p in PANELS)}."
-        )
+        raise UserError(f"--panels: {', '.join(unknown)} is not a panel; choose from {', '.join(PANEL_KEYS)}.")
     out = args.out or str(paths.as_path(args.workdir[0]) / "curves.png")
     plot(args.workdir, out, args.x, keys)
     print(f"written: {out}")

@@ -273,7 +273,7 @@ class Loop:
     step: int = 0
     recorded: bool = False  # config.json says this run's config (a new run at once, a resume once it saved)
     last_save: float = dataclasses.field(default_factory=time.time)
-    pending: list = dataclasses.field(default_factory=list)  # device metrics of the steps not yet logged
+    pending: list = dataclasses.field(default_factory=list)  # metrics of steps not yet logged (device or host)
     early: str = ""  # why early stopping ended the run
 
     @classmethod
@@ -404,9 +404,12 @@ class Loop:
             epoch = pipeline.epoch_size(self.train_pairs, self.lengths)
             self.writer.write(self.step, self.progress.record(logged, steps, epoch))
         if self.progress.console_due(bool(logged)):
-            # between log steps: the steps since the last one, the window the next log line averages
-            # (one step's loss would jump at each log line); waits for the step: the speed is real
-            shown = logged or window_metrics(jax.device_get(self.pending))
+            shown = logged
+            if not logged:  # the steps since the last log step: the window the next log line averages (one
+                # step's loss would jump at each log line); waits for the step, so the speed is real. Kept on
+                # the host: fetch() does not copy them again.
+                self.pending[:] = jax.device_get(self.pending)
+                shown = window_metrics(self.pending)
             self.log(self.progress.line(self.step, self.config.num_train_steps, shown))
 
     def save(self, due: Due, logged: dict[str, float]) -> None:
