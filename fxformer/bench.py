@@ -18,6 +18,9 @@ too: the input pipeline alone (real target tokens/s for --pipeline_seconds), and
 real batches as `fxformer.train` feeds them, timed in blocks of --steps steps alternating with
 blocks of synthetic steps, so the ratio of their step rates is measured side by side on the same
 machine at the same time (--steps=0: the pipeline alone).
+
+    python -m fxformer.bench --config=configs/base.py --config.model.dtype=bfloat16 --steps=0 \\
+        --decode_batch=3003 --decode_len=32    # newstest2014-sized decoding alone
 """
 
 from __future__ import annotations
@@ -272,6 +275,11 @@ def run(
         out.update(bench_pipeline(config, ids, pipeline_seconds))
         if not steps:
             return out
+    if not steps:  # decoding alone
+        model_config = TransformerConfig.from_config(config.model, vocab)
+        out.update(bench_decode(config, model_config, decode_batch, decode_len, decode_repeats))
+        out["peak_memory_bytes"], out["peak_memory_of"] = peak_memory()
+        return out
     t = bench_train(config, steps, vocab, ids)
     model_config = t.pop("model_config")
     out.update(t)
@@ -309,10 +317,24 @@ def pipeline_rows(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def decode_rows(r: dict) -> list[tuple[str, str]]:
+    """The decoding line of the table (none when decoding was skipped)."""
+    if not r.get("decode_sentences_per_s"):
+        return []
+    seconds = r["decode_batch"] / r["decode_sentences_per_s"]
+    return [
+        (
+            f"decode (beam {r['decode_beam_size']}, {r['decode_batch']} x {r['decode_source_len']})",
+            f"{r['decode_sentences_per_s']:,.1f} sentences/s, {r['decode_tokens_per_s']:,.0f} tokens/s, "
+            f"{seconds:.2f} s for the batch",
+        )
+    ]
+
+
 def table(r: dict) -> str:
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
-    if "step_time_s" not in r:  # the pipeline alone
-        rows = pipeline_rows(r)
+    if "step_time_s" not in r:  # the pipeline alone, or decoding alone
+        rows = pipeline_rows(r) + decode_rows(r)
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     rows = [
@@ -330,21 +352,20 @@ def table(r: dict) -> str:
             f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**20, ',.0f')} MiB ({r['peak_memory_of']})",
         ),
     ]
-    rows += pipeline_rows(r)
-    if r.get("decode_sentences_per_s"):
-        rows.append(
-            (
-                f"decode (beam {r['decode_beam_size']}, {r['decode_batch']} x {r['decode_source_len']})",
-                f"{r['decode_sentences_per_s']:,.1f} sentences/s, {r['decode_tokens_per_s']:,.0f} tokens/s",
-            )
-        )
+    rows += pipeline_rows(r) + decode_rows(r)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def main() -> None:
     p = cli.parser(__doc__, "fxformer.bench")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps (after compiling and two more)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="timed training steps (after compiling and two more); 0: no training (decoding alone, or "
+        "with --data=real the pipeline alone)",
+    )
     p.add_argument("--decode_batch", type=int, default=32, help="sentences in the decoding batch (0 = skip)")
     p.add_argument("--decode_len", type=int, default=24, help="source tokens per sentence in the decoding batch")
     p.add_argument("--decode_repeats", type=int, default=2, help="timed decoding runs")
@@ -359,12 +380,12 @@ def main() -> None:
     args, config = cli.parse(p)
     if config is None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/base.py.")
-    least_steps = 0 if args.data == "real" else 1
-    if args.steps < least_steps or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
+    if args.steps < 0 or args.decode_batch < 0 or args.decode_len < 2 or args.decode_repeats < 1:
         raise UserError(
-            "--steps (0 only with --data=real) and --decode_repeats must be at least 1, --decode_batch 0 or more, "
-            "--decode_len 2 or more."
+            "--steps and --decode_batch must be 0 or more, --decode_repeats at least 1, --decode_len 2 or more."
         )
+    if args.steps == 0 and args.data == "synthetic" and args.decode_batch == 0:
+        raise UserError("--steps=0 and --decode_batch=0 leave nothing to measure: give either a positive value.")
     if args.pipeline_seconds <= 0:
         raise UserError(f"--pipeline_seconds must be positive, not {args.pipeline_seconds}.")
     validate(config, jax.default_backend(), jax.process_count())

@@ -158,15 +158,16 @@ class SharedEmbedding(nn.Module):
         return x * jnp.asarray(math.sqrt(c.d_model), c.dtype)
 
     def logits(self, x: Array) -> Array:
-        """Decoder output [b, l, d_model] -> vocabulary logits [b, l, vocab], float32."""
+        """Decoder output [b, l, d_model] -> vocabulary logits [b, l, vocab], in the compute dtype."""
         return vocabulary_logits(x, self.embedding, self.config.dtype)
 
 
 def vocabulary_logits(x: Array, embedding: Array, dtype) -> Array:
     """The pre-softmax projection with the shared embedding [vocab, d_model]: x [..., d_model] ->
-    logits [..., vocab], computed in `dtype` and returned in float32."""
-    logits = jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
-    return logits.astype(jnp.float32)
+    logits [..., vocab] in `dtype` (the product accumulates in float32 either way). Consumers
+    upcast inside their reductions (`optim.cross_entropy_sums`, the decoder's log-softmax), so a
+    bfloat16 model never stores a float32 copy of [tokens, vocab]."""
+    return jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
 
 
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:

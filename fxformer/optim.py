@@ -41,19 +41,50 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
 SUMS = ("loss", "nll", "correct", "tokens")
 
 
+@jax.custom_vjp
+def log_sum_exp(logits: Array) -> Array:
+    """log sum_v exp(logits[..., v]) in float32, for logits of any float dtype. Its gradient,
+    softmax(logits), is computed from the logits and this result in one pass and returned in the
+    logits' dtype: nothing of the size [..., vocab] is kept from the forward pass but the logits."""
+    x = logits.astype(jnp.float32)
+    top = jax.lax.stop_gradient(x.max(axis=-1, keepdims=True))
+    return jnp.log(jnp.exp(x - top).sum(axis=-1)) + top[..., 0]
+
+
+def _log_sum_exp_forward(logits: Array) -> tuple[Array, tuple[Array, Array]]:
+    out = log_sum_exp(logits)
+    return out, (logits, out)
+
+
+def _log_sum_exp_backward(residuals: tuple[Array, Array], g: Array) -> tuple[Array]:
+    logits, out = residuals
+    softmax = jnp.exp(logits.astype(jnp.float32) - out[..., None])
+    return ((g[..., None] * softmax).astype(logits.dtype),)
+
+
+log_sum_exp.defvjp(_log_sum_exp_forward, _log_sum_exp_backward)
+
+
 def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float) -> dict[str, Array]:
     """Sums over weighted target tokens of the label-smoothed loss, the plain NLL, and correct guesses.
 
     The smoothed target puts 1 - eps_ls on the reference token and eps_ls / (vocab - 1) on every
-    other token; the loss is the cross-entropy against it. logits [..., vocab], targets and
-    weights [...] (weight 0 for padding). Sums, not means, so that micro-batches and devices
-    add up exactly; divide by `tokens` for per-token values.
+    other token; the loss is the cross-entropy against it. logits [..., vocab] (any float dtype,
+    read in float32), targets and weights [...] (weight 0 for padding). Sums, not means, so that
+    micro-batches and devices add up exactly; divide by `tokens` for per-token values.
+
+    Written as reductions of the logits (log-sum-exp, the target's logit, the sum over the
+    vocabulary) rather than through log_softmax, so that neither pass stores log-probabilities of
+    the size [..., vocab]: the gradient with respect to the logits, softmax - q, is one fused pass.
     """
     vocab = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    x = logits.astype(jnp.float32)
+    lse = log_sum_exp(logits)
+    is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
+    nll = lse - jnp.where(is_target, x, 0.0).sum(-1)
+    sum_log_probs = x.sum(-1) - vocab * lse
     confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
-    smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)  # -sum_v q(v) log p(v)
+    smoothed = confidence * nll - low * (sum_log_probs + nll)  # -sum_v q(v) log p(v)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
     return dict(zip(SUMS, sums, strict=True))

@@ -73,6 +73,32 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
     assert float(sums["nll"]) / count == pytest.approx(nll / count, rel=1e-5)
 
 
+def test_label_smoothed_loss_gradient_is_softmax_minus_the_smoothed_target():
+    """d loss / d logits = weight * (softmax(logits) - q), q the smoothed target, against float64
+    NumPy; bfloat16 logits get bfloat16 gradients as close to it as bfloat16 allows."""
+    rng = np.random.default_rng(1)
+    vocab, eps = 11, 0.1
+    logits = (rng.normal(size=(3, 4, vocab)) * 4).astype(np.float32)
+    targets = rng.integers(1, vocab, size=(3, 4))
+    targets[2, 2:] = 0
+    weights = (targets != 0).astype(np.float32) * rng.uniform(0.5, 2.0, size=(3, 4)).astype(np.float32)
+
+    def loss(x):
+        return optim.cross_entropy_sums(x, jnp.asarray(targets), jnp.asarray(weights), eps)["loss"]
+
+    x64 = logits.astype(np.float64)
+    p = np.exp(x64 - x64.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = np.full_like(p, eps / (vocab - 1))
+    np.put_along_axis(q, targets[..., None], 1 - eps, axis=-1)
+    expected = weights[..., None] * (p - q)
+    grad = np.asarray(jax.grad(loss)(jnp.asarray(logits)), np.float64)
+    np.testing.assert_allclose(grad, expected, atol=1e-6)
+    grad16 = jax.grad(loss)(jnp.asarray(logits, jnp.bfloat16))
+    assert grad16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(grad16, np.float64), expected, atol=0.02 * np.abs(expected).max())
+
+
 @pytest.mark.slow  # compiles a model
 def test_batch_loss_counts_only_real_tokens_of_real_examples(data_dir):
     """loss_sums on a padded eval batch equals NumPy over its non-pad tokens of unmasked rows."""
