@@ -158,6 +158,7 @@ class Profile:
     factors: dict
     paper_peak: bool = False
     files: Callable | None = None  # (config, folder) -> config reading the corpus in `folder` (profile:<folder>)
+    peak: float = 1.0  # with paper_peak: every row's peak learning rate this multiple of the paper's for its width
 
 
 PROFILES = {
@@ -185,14 +186,14 @@ def scaled(overrides: dict, factors: dict) -> dict:
     return out
 
 
-def keep_paper_peak(config: ml_collections.ConfigDict, steps_factor: float) -> None:
+def keep_paper_peak(config: ml_collections.ConfigDict, steps_factor: float, peak: float = 1.0) -> None:
     """Warm-up scaled like the steps (its 4% share of the paper's base run), and the learning rate
     scaled by sqrt(warmup / 4000): the Noam schedule d_model^-0.5 * min(step^-0.5, step *
     warmup^-1.5) then peaks at d_model^-0.5 * 4000^-0.5, the paper's peak at this row's width (so
     every row keeps the paper's ratios: C4 sqrt 2 higher than base, C5 and big sqrt 2 lower), and
-    the schedule has the paper's shape in relative steps."""
+    the schedule has the paper's shape in relative steps. `peak` multiplies every row's rate alike."""
     config.warmup_steps = max(1, round(PAPER_WARMUP * steps_factor))
-    config.learning_rate_scale = math.sqrt(config.warmup_steps / PAPER_WARMUP)
+    config.learning_rate_scale = peak * math.sqrt(config.warmup_steps / PAPER_WARMUP)
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
@@ -212,7 +213,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         config = with_overrides(base.get_config(), chosen.start)
         config.num_train_steps = round(config.num_train_steps * chosen.factors["steps"])
         if chosen.paper_peak:
-            keep_paper_peak(config, chosen.factors["steps"])
+            keep_paper_peak(config, chosen.factors["steps"], chosen.peak)
         config = with_overrides(config, scaled(ROWS[row], chosen.factors))
         if folder:
             config = chosen.files(config, folder)

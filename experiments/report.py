@@ -205,8 +205,10 @@ def plateau_criterion(config: dict) -> str:
     patience = config.get("early_stopping_patience", 0)
     if not patience or not config.get("best_metric"):
         return ""
+    delta = config.get("early_stopping_min_delta", 0.0)
+    by = f" by {100 * delta:g}% of the last improvement" if delta else ""
     return (
-        f"no better {config['best_metric']} in {patience} dev evaluations (one every "
+        f"no better {config['best_metric']}{by} in {patience} dev evaluations (one every "
         f"{config['eval_every_steps']} steps), or the cap of {config['num_train_steps']} steps"
     )
 

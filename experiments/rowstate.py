@@ -160,7 +160,10 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     logged = w.logged()
     if w.config.exists():  # checked as every command checks it
         row.config = load_workdir_config(w).to_dict()
-        plateau = w.early_end(row.config["best_metric"], row.config["early_stopping_patience"], logged)
+        c = row.config
+        plateau = w.early_end(
+            c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
+        )
         row.early_end = plateau or row.status.get("early_end")  # or, restored from records, what they told
     row.checkpoint_steps = w.checkpoint_steps()
     row.logged_step = logged[-1]["step"] if logged else 0

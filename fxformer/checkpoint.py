@@ -255,17 +255,25 @@ def kept_params(
 class Best:
     """The parameters with the best dev metric so far, in `W/best/<step>` (model selection on dev),
     kept apart from the rotating last K: lower is better for perplexity and loss, higher for
-    accuracy and BLEU. A resumed run keeps competing with the best saved before."""
+    accuracy and BLEU. A resumed run keeps competing with the best saved before. Early stopping
+    counts the evaluations since the last improvement (`stale`): one better than the last
+    improvement by at least `min_delta` of it (0: any better one; `paths.plateau_counts`)."""
 
-    HIGHER = ("dev_accuracy", "dev_bleu")
-
-    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int, logged: Sequence[dict] = ()):
-        """`logged`: the run's metrics up to `resume_step`, whose dev evaluations since the best
-        count towards early stopping again (a run that stopped early stays stopped)."""
+    def __init__(
+        self,
+        directory: paths.PathLike,
+        metric: str,
+        resume_step: int,
+        logged: Sequence[dict] = (),
+        min_delta: float = 0.0,
+    ):
+        """`logged`: the run's metrics up to `resume_step`, whose dev evaluations count towards
+        early stopping again (a run that stopped early stays stopped)."""
         self.metric = metric
+        self.min_delta = min_delta
         self.manager = open_manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
-        self.stale = 0  # dev evaluations since the last improvement (for early stopping)
+        self.evaluations: list[float] = []  # the dev metric's values the plateau is counted over
         if self.manager is not None and self.manager.latest_step() is not None:
             step = self.manager.latest_step()
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -273,21 +281,26 @@ class Best:
                 self.manager.delete(step)
             else:
                 self.value = meta["value"]
-                self.stale = len(paths.since_best(logged, metric, step, resume_step))
+                self.evaluations = [line[metric] for line in logged if metric in line and line["step"] <= resume_step]
+
+    @property
+    def stale(self) -> int:
+        """Dev evaluations since the last improvement, for early stopping."""
+        higher = self.metric in paths.HIGHER_IS_BETTER
+        return paths.plateau_counts(self.evaluations, higher, self.min_delta)[-1] if self.evaluations else 0
 
     def better(self, value: float) -> bool:
         if self.value is None:
             return True
-        return value > self.value if self.metric in self.HIGHER else value < self.value
+        return value > self.value if self.metric in paths.HIGHER_IS_BETTER else value < self.value
 
     def offer(self, step: int, metrics: dict, params, log=print) -> None:
-        """Keep `params` if `metrics[metric]` beats the best so far."""
+        """Keep `params` if `metrics[metric]` beats the best so far; count it for early stopping."""
         if self.manager is None or self.metric not in metrics:
             return
+        self.evaluations.append(float(metrics[self.metric]))
         if not self.better(metrics[self.metric]):
-            self.stale += 1
             return
-        self.stale = 0
         self.value = float(metrics[self.metric])
         save_params(self.manager, step, params, {"metric": self.metric, "value": self.value, "step": step})
         log(f"best {self.metric} so far ({self.value:.4g}): parameters of step {step} kept in {self.manager.directory}")

@@ -194,6 +194,7 @@ AT_LEAST = {
     "keep_checkpoints": 0, "grad_accum_steps": 1, "warmup_steps": 1, "eval_batches": 0,
     "average_last": 1, "checkpoint_every_minutes": 0,
     "divergence_factor": 0, "train_minutes": 0, "early_stopping_patience": 0, "loss_chunk_tokens": 0,
+    "early_stopping_min_delta": 0,
     "data.max_length": 2, "data.tokens_per_batch": 1, "data.eval_batch_size": 1, "data.num_shards": 0,
     "data.workers": 0, "data.device_prefetch": 0, "data.train_pairs": 0,
     "data.vocab_size": 8, "data.tokenizer_sentences": 1,
@@ -219,6 +220,10 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
         value = lookup(config, key)
         if value < low:
             raise UserError(f"{key} must be at least {low}, not {value}.")
+    if not config.early_stopping_min_delta < 1:
+        raise UserError(
+            f"early_stopping_min_delta must be below 1 (a share: 0.01 is 1%), not {config.early_stopping_min_delta}."
+        )
     if not 0 <= config.label_smoothing < 1:
         raise UserError(f"label_smoothing must be in [0, 1), not {config.label_smoothing}.")
     if not (math.isfinite(config.learning_rate_scale) and config.learning_rate_scale > 0):

@@ -145,16 +145,22 @@ def complete_steps(directory: PathLike) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
 
-def since_best(logged: Sequence[dict], metric: str, best_step: int | None, upto: int | None = None) -> list[int]:
-    """The steps of the dev evaluations of `metric` logged after the best one (at `best_step`) up
-    to `upto`: those early stopping counts as without improvement. [] without a best."""
-    if best_step is None:
-        return []
-    return [
-        line["step"]
-        for line in logged
-        if metric in line and best_step < line["step"] and (upto is None or line["step"] <= upto)
-    ]
+HIGHER_IS_BETTER = ("dev_accuracy", "dev_bleu")  # dev metrics whose best is the highest (the others: lowest)
+
+
+def plateau_counts(values: Sequence[float], higher: bool, min_delta: float = 0.0) -> list[int]:
+    """After each dev evaluation of `values` (in order), how many have passed since the last
+    improvement: a value better than the reference (the last improvement's value; the first value
+    is one) by at least `min_delta` of it (0.01: 1%; 0: any better value counts)."""
+    counts, reference, count = [], None, 0
+    for value in values:
+        better = reference is None or (value > reference if higher else value < reference)
+        if better and (reference is None or abs(value - reference) >= min_delta * abs(reference)):
+            reference, count = value, 0
+        else:
+            count += 1
+        counts.append(count)
+    return counts
 
 
 def metrics_step(line: str) -> int | None:
@@ -247,13 +253,20 @@ class Workdir:
         lines = [line for line in self.metrics.read_text().splitlines() if metrics_step(line) is not None]
         return [json.loads(line) for line in lines]
 
-    def early_end(self, metric: str, patience: int, logged: list[dict] | None = None) -> int | None:
-        """The step at which early stopping ended this run (the `patience`-th dev evaluation of
-        `metric` after the best one kept in `best/`, where training saved and stopped), or None;
-        `logged`: `self.logged()` if the caller has read it already."""
-        logged = self.logged() if logged is None else logged
-        after = since_best(logged, metric, (complete_steps(self.best) or [None])[-1])
-        return after[patience - 1] if metric and 0 < patience <= len(after) else None
+    def early_end(
+        self, metric: str, patience: int, logged: list[dict] | None = None, min_delta: float = 0.0
+    ) -> int | None:
+        """The step at which early stopping ended this run: the `patience`-th dev evaluation of
+        `metric` without an improvement (`plateau_counts` with `min_delta`), when the run's
+        evaluations end in such a streak; or None. `logged`: `self.logged()` if the caller has
+        read it already."""
+        if not metric or patience <= 0 or not complete_steps(self.best):  # no best/: nothing was counted
+            return None
+        evals = [line for line in (self.logged() if logged is None else logged) if metric in line]
+        counts = plateau_counts([line[metric] for line in evals], metric in HIGHER_IS_BETTER, min_delta)
+        if not counts or counts[-1] < patience:
+            return None
+        return evals[len(evals) - 1 - (counts[-1] - patience)]["step"]
 
     @property
     def tensorboard(self) -> epath.Path:

@@ -34,6 +34,7 @@ def defaults() -> ml_collections.ConfigDict:
     config.dev_bleu_sentences = 200  # how many (0 = the whole dev split)
     config.best_metric = "dev_ppl"  # dev_ppl, dev_loss, dev_accuracy or dev_bleu: its best kept in W/best ("" = off)
     config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
+    config.early_stopping_min_delta = 0.0  # better counts only by this share of the last improvement (0.01: 1%)
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
     config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
     config.decode = decode_section()  # how evaluate, translate and dev BLEU search (section 6.1)

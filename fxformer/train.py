@@ -321,7 +321,9 @@ class Loop:
             state,
             start_step,
             writer,
-            best=checkpoint.Best(workdir.best, config.best_metric, start_step, workdir.logged()),
+            best=checkpoint.Best(
+                workdir.best, config.best_metric, start_step, workdir.logged(), config.early_stopping_min_delta
+            ),
             watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size),
             progress=Progress(writer.last(), 60 * config.train_minutes),
             step=start_step,
@@ -593,10 +595,12 @@ def early_stop(config, best: checkpoint.Best, step: int, logged: dict, params, l
 
 def plateau(config, best: checkpoint.Best, step: int) -> str:
     """Why early stopping ends the run at `step` ("" if it goes on): `early_stopping_patience` dev
-    evaluations have passed without a better one (at the last step the run ends anyway)."""
+    evaluations have passed without a better one (better by `early_stopping_min_delta` of the last
+    improvement, if set; at the last step the run ends anyway)."""
     patience = config.early_stopping_patience
     if patience and best.stale >= patience and step < config.num_train_steps:
-        return f"no better {best.metric} in {patience} dev evaluations (early stopping)"
+        by = f" by {100 * config.early_stopping_min_delta:g}%" if config.early_stopping_min_delta else ""
+        return f"no better {best.metric}{by} in {patience} dev evaluations (early stopping)"
     return ""
 
 

@@ -87,6 +87,7 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "data.device_prefetch",
         "data.train_pairs",
         "loss_chunk_tokens",
+        "early_stopping_min_delta",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -103,12 +104,14 @@ def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_si
         **written,
         "data": {**written["data"], **since},
         "loss_chunk_tokens": 0,  # issue 33's chunked loss
+        "early_stopping_min_delta": 0.0,  # issue 32's plateau with a smallest improvement
     }
 
 
 REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
     *(({key: low - 1}, {}, f"{key} must be at least {low}, not {low - 1}") for key, low in config.AT_LEAST.items()),
     ({"label_smoothing": 1.0}, {}, "label_smoothing must be in [0, 1), not 1.0"),
+    ({"early_stopping_min_delta": 1.0}, {}, "early_stopping_min_delta must be below 1 (a share: 0.01 is 1%)"),
     ({"learning_rate_scale": -1.0}, {}, "learning_rate_scale must be a positive number"),
     ({"learning_rate_scale": math.nan}, {}, "learning_rate_scale must be a positive number"),
     ({"learning_rate_scale": math.inf}, {}, "learning_rate_scale must be a positive number"),

@@ -146,12 +146,22 @@ def test_early_stopping_counts_the_dev_evaluations_after_the_best_one(tmp_path):
         {"step": 80, "dev_ppl": 8.1},
     ]
     run.metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert paths.since_best(run.logged(), "dev_ppl", 40) == [60, 80]
-    assert paths.since_best(run.logged(), "dev_ppl", 40, upto=70) == [60]
-    assert paths.since_best(run.logged(), "dev_bleu", 40) == [60]
-    assert paths.since_best(run.logged(), "dev_ppl", None) == []
     assert run.early_end("dev_ppl", 2) is None  # no best/ yet: nothing to count from
     (run.best / "40").mkdir(parents=True)
     assert run.early_end("dev_ppl", 2) == 80 and run.early_end("dev_ppl", 1) == 60
     assert run.early_end("dev_ppl", 3) is None and run.early_end("dev_ppl", 0) is None
     assert run.early_end("", 2) is None
+    # a smallest improvement of 10%: 8.0 is 11% better than 9.0, 8.1 is not 10% better than 8.0
+    assert run.early_end("dev_ppl", 2, min_delta=0.1) == 80
+    assert run.early_end("dev_ppl", 2, min_delta=0.2) == 60  # 8.0 is not 20% better than 9.0 either
+
+
+def test_plateau_counts_restart_only_at_an_improvement_by_the_smallest_share():
+    values = [10.0, 9.0, 8.95, 8.92, 8.0, 8.1, 7.96]
+    assert paths.plateau_counts(values, higher=False) == [0, 0, 0, 0, 0, 1, 0]  # any better value
+    # 1%: 8.95 and 8.92 are within 1% of 9.0 (8.91 is the bound); 8.0 is not; 7.96 is 0.5% below 8.0
+    assert paths.plateau_counts(values, higher=False, min_delta=0.01) == [0, 0, 1, 2, 0, 1, 2]
+    bleu = [20.0, 20.1, 21.0, 20.5, 21.1]
+    assert paths.plateau_counts(bleu, higher=True) == [0, 0, 0, 1, 0]
+    assert paths.plateau_counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
+    assert paths.plateau_counts([], higher=False) == []

@@ -172,6 +172,30 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_lowest(tmp_path, data_dir, corpus):
+    workdir = tmp_path / "w"
+    # early_stopping_min_delta 0.99: only a 100-fold drop of dev perplexity would count, so the
+    # plateau is reached at the third evaluation (step 6), whatever the run learns
+    command = train_command(
+        workdir,
+        data_dir,
+        num_train_steps=200,
+        eval_every_steps=2,
+        early_stopping_patience=2,
+        early_stopping_min_delta=0.99,
+        best_metric="dev_ppl",
+    )
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+    assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping)" in result.stdout
+    ppl = logged(workdir, "dev_ppl")
+    assert list(ppl) == [2, 4, 6]
+    assert paths.Workdir(workdir).early_end("dev_ppl", 2, min_delta=0.99) == 6
+    kept = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
+    assert kept == [min(ppl, key=ppl.get)]  # model selection still takes any lower perplexity
+
+
+@pytest.mark.slow
 def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agrees(tmp_path, data_dir, corpus):
     import json as _json
 
