@@ -126,9 +126,10 @@ def test_profiles_keep_each_rows_change_relative_to_base(profile, dataset):
         assert paper.model.positional == mini.model.positional, row
         assert paper.num_train_steps / base_paper.num_train_steps == mini.num_train_steps / base_mini.num_train_steps
         assert mini.data.dataset == dataset and mini.average_last == paper.average_last == 1
-        # the paper's peak learning rate at the row's width, at the paper's share of warm-up
+        # the paper's peak learning rate at the row's width (multi30k: twice it), at the paper's share of warm-up
         peak = lambda c: float(optim.learning_rate_schedule(c)(c.warmup_steps - 1))  # count from 0
-        assert peak(mini) == pytest.approx(mini.model.d_model**-0.5 * 4000**-0.5, rel=1e-5), row
+        times = table3.PROFILES[profile].peak
+        assert peak(mini) == pytest.approx(times * mini.model.d_model**-0.5 * 4000**-0.5, rel=1e-5), row
         assert peak(mini) / peak(base_mini) == pytest.approx(peak(paper) / peak(base_paper), rel=1e-5), row
         assert mini.warmup_steps / base_mini.num_train_steps == paper.warmup_steps / base_paper.num_train_steps
     with pytest.raises(ValueError, match="profile"):
@@ -147,7 +148,12 @@ def test_the_real_text_profile_reads_its_folder_and_trains_to_a_plateau(tmp_path
     )
     assert config.data.validation_source_file == f"{raw}/val.en.gz" and config.model.num_layers == 1
     assert config.early_stopping_patience == 3 and config.best_metric == "dev_ppl" and config.num_train_steps == 3000
-    assert config.eval_every_steps == 100 and config.data.train_pairs == 8000 and config.warmup_steps == 120
+    assert config.eval_every_steps == 100 and config.data.train_pairs == 6000 and config.warmup_steps == 120
+    assert config.early_stopping_min_delta == 0.01 and config.learning_rate_scale == pytest.approx(
+        2 * (120 / 4000) ** 0.5
+    )
+    mini = table3.get_config("C1,mini")
+    assert mini.early_stopping_min_delta == 0.0 and mini.learning_rate_scale == pytest.approx((40 / 4000) ** 0.5)
     assert table3.get_config("big,multi30k").num_train_steps == 9000
     assert "configs/table3.py:D2,multi30k:/data/m30k" in table3.sweep("multi30k:/data/m30k")["runs"]["D2"]
     assert table3.sweep("multi30k:/data/m30k")["replicates"] == {"base": 5, "*": 3}
