@@ -28,6 +28,12 @@ def xla_train_flops(config) -> float:
     return (cost[0] if isinstance(cost, list) else cost)["flops"], model.config, rows, length
 
 
+def run_bench(*flags: str) -> subprocess.CompletedProcess:
+    """`python -m fxformer.bench --config=configs/default.py --json` with `flags`, on one device."""
+    command = [sys.executable, "-m", "fxformer.bench", "--config=configs/default.py", "--json", *flags]
+    return subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+
+
 @pytest.mark.slow  # compiles three training steps
 @pytest.mark.parametrize(
     "overrides",
@@ -46,12 +52,7 @@ def test_the_analytic_flop_count_is_within_ten_percent_of_xla(overrides):
 
 @pytest.mark.slow
 def test_bench_prints_a_table_and_a_json_line(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "fxformer.bench",
-        "--config=configs/default.py",
-        "--json",
+    result = run_bench(
         "--steps=2",
         "--decode_batch=4",
         "--decode_len=8",
@@ -59,8 +60,7 @@ def test_bench_prints_a_table_and_a_json_line(tmp_path):
         "--config.model.num_layers=1",
         "--config.data.tokens_per_batch=1024",
         "--config.decode.max_extra=4",
-    ]
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     for key in (
@@ -83,12 +83,7 @@ def test_bench_prints_a_table_and_a_json_line(tmp_path):
 
 @pytest.mark.slow
 def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path, data_dir, corpus):
-    command = [
-        sys.executable,
-        "-m",
-        "fxformer.bench",
-        "--config=configs/default.py",
-        "--json",
+    result = run_bench(
         "--steps=2",
         "--data=real",
         "--pipeline_seconds=1",
@@ -97,8 +92,7 @@ def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path
         "--config.data.tokens_per_batch=1024",
         f"--config.data.tfds_data_dir={data_dir}",
         *(f"--config.data.{k}={v}" for k, v in SMALL_DATA.items()),
-    ]
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["data"] == "real" and out["pipeline_target_tokens_per_s"] > 0 and 0.5 < out["pipeline_fill"] <= 1
@@ -108,3 +102,20 @@ def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path
     )
     assert out["real_to_synthetic_step_rate"] > 0 and out["real_train_target_tokens_per_s"] > 0
     assert "input pipeline alone" in result.stdout and "training on real batches" in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_with_no_steps_decodes_alone():
+    result = run_bench(
+        "--steps=0",
+        "--decode_batch=6",
+        "--decode_len=8",
+        "--decode_repeats=1",
+        "--config.model.num_layers=1",
+        "--config.decode.max_extra=4",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "step_time_s" not in out and "compiling the train step" not in result.stderr
+    assert out["decode_batch"] == 6 and out["decode_sentences_per_s"] > 0
+    assert "decode (beam 4, 6 x 8)" in result.stdout and "s for the batch" in result.stdout

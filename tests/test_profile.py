@@ -79,26 +79,3 @@ def test_profile_of_a_step_names_the_models_parts(tmp_path):
         assert out["parts"].get(part, 0) > 0, part
     assert (tmp_path / "perfetto_trace.json.gz").stat().st_size > 0 and (tmp_path / "step.hlo.txt.gz").exists()
     assert "device busy" in result.stdout and "most expensive operations" in result.stdout
-
-
-@pytest.mark.slow
-def test_bench_with_no_steps_decodes_alone():
-    command = [
-        sys.executable,
-        "-m",
-        "fxformer.bench",
-        "--config=configs/default.py",
-        "--json",
-        "--steps=0",
-        "--decode_batch=6",
-        "--decode_len=8",
-        "--decode_repeats=1",
-        "--config.model.num_layers=1",
-        "--config.decode.max_extra=4",
-    ]
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert "step_time_s" not in out and "compiling the train step" not in result.stderr
-    assert out["decode_batch"] == 6 and out["decode_sentences_per_s"] > 0
-    assert "decode (beam 4, 6 x 8)" in result.stdout and "s for the batch" in result.stdout
