@@ -73,20 +73,22 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
     read in float32), targets and weights [...] (weight 0 for padding). Sums, not means, so that
     micro-batches and devices add up exactly; divide by `tokens` for per-token values.
 
-    Written as reductions of the logits (log-sum-exp, the target's logit, the sum over the
-    vocabulary) rather than through log_softmax, so that neither pass stores log-probabilities of
-    the size [..., vocab]: the gradient with respect to the logits, softmax - q, is one fused pass.
+    Written as reductions of the logits rather than through log_softmax, so that neither pass
+    stores log-probabilities of the size [..., vocab]: the smoothed loss is log-sum-exp minus the
+    q-weighted sum of the logits (q sums to 1), the NLL log-sum-exp minus the target's logit, and a
+    guess is correct when the target's logit is the largest (a tie for the top counts as correct);
+    the gradient with respect to the logits, softmax - q, is one fused pass.
     """
     with jax.named_scope("cross_entropy"):  # the name `fxformer.profile` finds in the compiled step's metadata
         vocab = logits.shape[-1]
         x = logits.astype(jnp.float32)
         lse = log_sum_exp(logits)
         is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
-        nll = lse - jnp.where(is_target, x, 0.0).sum(-1)
-        sum_log_probs = x.sum(-1) - vocab * lse
+        target_logit = jnp.where(is_target, x, 0.0).sum(-1)
         confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
-        smoothed = confidence * nll - low * (sum_log_probs + nll)  # -sum_v q(v) log p(v)
-        correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+        smoothed = lse - (jnp.where(is_target, confidence, low) * x).sum(-1)  # -sum_v q(v) log p(v)
+        nll = lse - target_logit
+        correct = (target_logit >= x.max(-1)).astype(jnp.float32)
         sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
     return dict(zip(SUMS, sums, strict=True))
 
