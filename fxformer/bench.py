@@ -31,6 +31,7 @@ import resource
 import statistics
 import sys
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -117,7 +118,21 @@ def progress(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
-def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
+@dataclasses.dataclass
+class SyntheticStep:
+    """A config's training step compiled for a synthetic batch of its shapes, with a fresh state."""
+
+    model: Any
+    compiled: Any
+    state: Any
+    batch: dict
+    rows: int
+    length: int
+    compile_s: float
+
+
+def synthetic_step(config, vocab: int) -> SyntheticStep:
+    """Build the model, its state and the synthetic batch on the data mesh, and compile the step."""
     mesh = parallel.data_mesh()
     model, tx, _ = trainstate.build(config, vocab, mesh)
     rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
@@ -128,28 +143,39 @@ def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
     progress(f"compiling the train step ({rows} rows x {length} tokens)")
     start = time.perf_counter()
     compiled = step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - start
+    return SyntheticStep(model, compiled, state, batch, rows, length, time.perf_counter() - start)
+
+
+def timed_steps(s: SyntheticStep, steps: int, report: bool = True) -> list[float]:
+    """Seconds of each of `steps` steps on the synthetic batch, after two untimed ones (s.state
+    moves on); `report`: a progress line per timed step."""
     times = []
     for i in range(steps + 2):  # two untimed steps first
         start = time.perf_counter()
-        state, metrics = compiled(state, batch)
+        s.state, metrics = s.compiled(s.state, s.batch)
         jax.block_until_ready(metrics)
         if i >= 2:
             times.append(time.perf_counter() - start)
-            progress(f"train step {i - 1}/{steps}: {times[-1] * 1000:.1f} ms")
-    cost = compiled.cost_analysis()
+            if report:
+                progress(f"train step {i - 1}/{steps}: {times[-1] * 1000:.1f} ms")
+    return times
+
+
+def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
+    s = synthetic_step(config, vocab)
+    times = timed_steps(s, steps)
+    cost = s.compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    real = bench_real_train(config, ids, compiled, state, batch, steps) if ids is not None else {}
+    real = bench_real_train(config, ids, s.compiled, s.state, s.batch, steps) if ids is not None else {}
     return {
         **real,
-        "num_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
-        "rows_per_step": rows,
-        "tokens_per_step": rows * length,
-        "compile_s": compile_s,
+        "num_params": int(sum(x.size for x in jax.tree.leaves(s.state.params))),
+        "rows_per_step": s.rows,
+        "tokens_per_step": s.rows * s.length,
+        "compile_s": s.compile_s,
         "step_time_s": statistics.median(times),
-        "flops_per_step": train_flops(model.config, rows, length),
+        "flops_per_step": train_flops(s.model.config, s.rows, s.length),
         "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost else None,
-        "model_config": model.config,
     }
 
 
@@ -275,21 +301,17 @@ def run(
         out.update(bench_pipeline(config, ids, pipeline_seconds))
         if not steps:
             return out
-    if not steps:  # decoding alone
-        model_config = TransformerConfig.from_config(config.model, vocab)
-        out.update(bench_decode(config, model_config, decode_batch, decode_len, decode_repeats))
-        out["peak_memory_bytes"], out["peak_memory_of"] = peak_memory()
-        return out
-    t = bench_train(config, steps, vocab, ids)
-    model_config = t.pop("model_config")
-    out.update(t)
-    out["train_tokens_per_s"] = t["tokens_per_step"] / t["step_time_s"]
-    achieved = t["flops_per_step"] / t["step_time_s"]
-    out["achieved_tflops"] = achieved / 1e12
-    peak = peak_tflops(device, dtype)
-    out["peak_tflops"] = peak * jax.device_count() if peak else None
-    out["mfu"] = achieved / (out["peak_tflops"] * 1e12) if peak else None
+    if steps:  # else decoding alone
+        t = bench_train(config, steps, vocab, ids)
+        out.update(t)
+        out["train_tokens_per_s"] = t["tokens_per_step"] / t["step_time_s"]
+        achieved = t["flops_per_step"] / t["step_time_s"]
+        out["achieved_tflops"] = achieved / 1e12
+        peak = peak_tflops(device, dtype)
+        out["peak_tflops"] = peak * jax.device_count() if peak else None
+        out["mfu"] = achieved / (out["peak_tflops"] * 1e12) if peak else None
     if decode_batch:
+        model_config = trainstate.model_of(config, vocab).config
         out.update(bench_decode(config, model_config, decode_batch, decode_len, decode_repeats))
     else:
         out.update(decode_sentences_per_s=None, decode_tokens_per_s=None)

@@ -21,15 +21,14 @@ import collections
 import gzip
 import json
 import re
+import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 
-from fxformer import bench, cli, parallel, train, trainstate
+from fxformer import bench, cli
 from fxformer.config import validate
-from fxformer.data import pipeline
 from fxformer.errors import UserError
 
 # (part, patterns in an operation's metadata op_name); the first part that matches wins.
@@ -111,27 +110,14 @@ def table(summary: dict, step_ms: float) -> str:
 
 
 def profile(config, steps: int, out: Path) -> dict:
-    mesh = parallel.data_mesh()
-    vocab = config.data.vocab_size
-    model, tx, _ = trainstate.build(config, vocab, mesh)
-    rows = pipeline.rows_per_step(config.data, jax.device_count(), config.grad_accum_steps)
-    length = config.data.max_length
-    state = jax.jit(lambda: trainstate.create_state(model, tx, config.seed), out_shardings=parallel.replicated(mesh))()
-    batch = parallel.global_batch(mesh, bench.synthetic_batch(rows, length, vocab))
-    bench.progress(f"compiling the train step ({rows} rows x {length} tokens)")
-    compiled = train.compile_train_step(config, model, tx, mesh).lower(state, batch).compile()
-    hlo = compiled.as_text()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
+    s = bench.synthetic_step(config, config.data.vocab_size)
+    hlo = s.compiled.as_text()
+    times = bench.timed_steps(s, 3, report=False)
     out.mkdir(parents=True, exist_ok=True)
     bench.progress(f"tracing {steps} steps into {out}")
     with jax.profiler.trace(str(out / "trace"), create_perfetto_trace=True):
         for _ in range(steps):
-            state, metrics = compiled(state, batch)
+            s.state, metrics = s.compiled(s.state, s.batch)
         jax.block_until_ready(metrics)
     found = sorted((out / "trace").rglob("perfetto_trace.json.gz"))
     if not found:
@@ -143,7 +129,7 @@ def profile(config, steps: int, out: Path) -> dict:
     with gzip.open(out / "step.hlo.txt.gz", "wt") as f:
         f.write(hlo)
     summary = summarize(device_events(trace), op_names(hlo), steps)
-    summary["step_ms"] = 1000 * sorted(times[2:])[len(times[2:]) // 2]
+    summary["step_ms"] = 1000 * statistics.median(times)
     summary["device"] = jax.devices()[0].device_kind
     (out / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
