@@ -347,6 +347,21 @@ def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path)
     assert "hold no dev curves, so the convergence columns are blank" in table
 
 
+REAL = MINI.parent / "table3-multi30k"
+
+
+def test_the_committed_real_text_table_is_what_its_records_collect_to(tmp_path):
+    """The real-text sweep's table is committed with its raw records as runs land: the records
+    alone (no run directory) rebuild every committed file byte for byte, and stay small."""
+    out = tmp_path / "real"
+    assert experiments_main.main(["collect", "table3", f"--from_records={REAL / records.NAME}", f"--out={out}"]) == 0
+    for name in ("table.md", "table.csv", "results.json"):
+        assert (out / name).read_bytes() == (REAL / name).read_bytes(), f"{name}: collect it again (its README)"
+    assert (REAL / records.NAME).stat().st_size < 2_000_000
+    header = records.read(REAL / records.NAME)["header"]
+    assert header["profile"].startswith("multi30k:")
+
+
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
