@@ -335,11 +335,16 @@ def test_restore_moves_a_sweep_to_a_new_machine_through_its_records(tmp_path, ca
 MINI = Path(__file__).resolve().parent.parent / "experiments" / "results" / "table3-mini"
 
 
+def assert_collect_rebuilds(source: str, committed: Path, out: Path) -> None:
+    """`collect` from `source` (--from_results=... or --from_records=...) writes the committed tables byte for byte."""
+    assert experiments_main.main(["collect", "table3", source, f"--out={out}"]) == 0
+    for name in ("table.md", "table.csv", "results.json"):
+        assert (out / name).read_bytes() == (committed / name).read_bytes(), f"{name}: collect it again (its README)"
+
+
 def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path):
     out = tmp_path / "mini"
-    assert experiments_main.main(["collect", "table3", f"--from_results={MINI / 'results.json'}", f"--out={out}"]) == 0
-    for name in ("table.md", "table.csv", "results.json"):
-        assert (out / name).read_bytes() == (MINI / name).read_bytes(), f"{name}: collect it again (its README)"
+    assert_collect_rebuilds(f"--from_results={MINI / 'results.json'}", MINI, out)
     table = (MINI / "table.md").read_text()
     assert "| C1 (pilot) |" in table and "| D1 (pilot) |" in table and "paired t-test" in table
     assert "no learning curves and no raw records" in table and not (out / "records.jsonl.gz").exists()
@@ -353,10 +358,7 @@ REAL = MINI.parent / "table3-multi30k"
 def test_the_committed_real_text_table_is_what_its_records_collect_to(tmp_path):
     """The real-text sweep's table is committed with its raw records as runs land: the records
     alone (no run directory) rebuild every committed file byte for byte, and stay small."""
-    out = tmp_path / "real"
-    assert experiments_main.main(["collect", "table3", f"--from_records={REAL / records.NAME}", f"--out={out}"]) == 0
-    for name in ("table.md", "table.csv", "results.json"):
-        assert (out / name).read_bytes() == (REAL / name).read_bytes(), f"{name}: collect it again (its README)"
+    assert_collect_rebuilds(f"--from_records={REAL / records.NAME}", REAL, tmp_path / "real")
     assert (REAL / records.NAME).stat().st_size < 2_000_000
     header = records.read(REAL / records.NAME)["header"]
     assert header["profile"].startswith("multi30k:")
