@@ -35,7 +35,9 @@ PY
 left=$(( LIMIT - ($(date +%s) - start) ))
 echo "=== pytest with ${left} s left"
 if [ $left -gt 60 ] && [ -z "$SKIP_TESTS" ]; then
-  timeout $left python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 16 --dist loadfile -rfE ${TESTS:-tests} > $OUT/pytest.log 2>&1
-  echo "pytest rc $?"; grep -E "passed|failed|error" $OUT/pytest.log | tail -n 3; grep -E "^(FAILED|ERROR) " $OUT/pytest.log | head -n 40
+  # -o addopts= : pyproject's -q would cancel -v, and -v names each failure as it happens (a run cut
+  # off by the timeout still says which failed; on 2026-11-26 it was cut off at 412 of 453 tests).
+  timeout $left python3 -m pytest -o addopts= -v --tb=short -p no:cacheprovider -p no:benchmark -n 16 --dist loadfile -rfE ${TESTS:-tests} > $OUT/pytest.log 2>&1
+  echo "pytest rc $?"; grep -E "passed|failed|error" $OUT/pytest.log | tail -n 3; grep -E "(FAILED|ERROR) " $OUT/pytest.log | head -n 40
 fi
 echo "=== end ($(( $(date +%s) - start )) s)"
