@@ -211,10 +211,11 @@ COMPARE_EPS = {"adam_eps": 1e-4}
 
 @pytest.mark.slow  # compiles the model several times
 def test_eight_devices_equal_one_device(data_dir, packed_batch):
-    assert jax.device_count() == 8
+    cpus = jax.devices("cpu")  # conftest's 8 fake CPU devices, also where a GPU is the default backend
+    assert len(cpus) == 8
     config = tiny_config(data_dir, **COMPARE_EPS)  # dropout on: its masks must not depend on the sharding either
-    params8, metrics8 = one_step(config, packed_batch, jax.devices())
-    params1, metrics1 = one_step(config, packed_batch, jax.devices()[:1])
+    params8, metrics8 = one_step(config, packed_batch, cpus)
+    params1, metrics1 = one_step(config, packed_batch, cpus[:1])
     assert float(metrics8["tokens"]) == float(metrics1["tokens"]) > 0
     assert float(metrics8["loss"]) == pytest.approx(float(metrics1["loss"]), rel=1e-5)
     for a, b in zip(jax.tree.leaves(params8), jax.tree.leaves(params1)):
@@ -224,8 +225,8 @@ def test_eight_devices_equal_one_device(data_dir, packed_batch):
 @pytest.mark.slow  # compiles the model several times
 def test_micro_batches_equal_one_batch(data_dir, packed_batch):
     config = tiny_config(data_dir, **{"model.dropout_rate": 0.0}, **COMPARE_EPS)
-    params2, metrics2 = one_step(config, packed_batch, jax.devices()[:2], accum=2)
-    params1, metrics1 = one_step(config, packed_batch, jax.devices()[:2], accum=1)
+    params2, metrics2 = one_step(config, packed_batch, jax.devices("cpu")[:2], accum=2)
+    params1, metrics1 = one_step(config, packed_batch, jax.devices("cpu")[:2], accum=1)
     assert float(metrics2["loss"]) == pytest.approx(float(metrics1["loss"]), rel=1e-5)
     for a, b in zip(jax.tree.leaves(params2), jax.tree.leaves(params1)):
         np.testing.assert_allclose(a, b, atol=1e-5)
