@@ -314,7 +314,8 @@ def test_configs_written_by_older_code_pass_the_checks(name, tmp_path):
 def test_every_config_resolves_to_the_values_it_had_before_the_schema_moved_into_the_library():
     """tests/fixtures/configs-resolved.json: every config (default, base, big, multi30k, each Table 3
     row in each profile) as it resolved while the defaults lived in configs/base.py (issue 35);
-    multi30k's entry since as its recipe was frozen after pilot P3 (issue 31). Fields added since
+    multi30k's entry since as its recipe was frozen after pilot P3 (issue 31), with the length
+    penalty P5 re-chose on val (alpha 1.5). Fields added since
     (`loss_chunk_tokens`) are compared at their defaults, as `config.upgrade` gives them to an old run."""
     before = json.loads((Path(__file__).parent / "fixtures" / "configs-resolved.json").read_text())
     from configs import table3
