@@ -17,15 +17,17 @@ from fxformer import bench, cli, model
 
 
 def packed_arguments(variant: str):
+    """`model.fused_mask_arguments` with the packed rows' mask changed as `variant` says (its
+    broadcast undone, or left out); padded rows' arguments as they are."""
     original = model.fused_mask_arguments
 
     def arguments(mask: model.AttentionMask, num_heads: int) -> dict:
-        if not mask.packed:
-            return original(mask, num_heads)
+        given = original(mask, num_heads)
+        if "mask" not in given:
+            return given
         if variant == "no_mask":
-            return {"is_causal": mask.causal}
-        padding = (mask.q_segments == 0)[:, None, :, None]
-        return {"mask": model.segment_mask(mask.q_segments, mask.kv_segments) | padding, "is_causal": mask.causal}
+            return {k: v for k, v in given.items() if k != "mask"}
+        return {**given, "mask": given["mask"][:, :1]}  # [b, h, q, k] -> [b, 1, q, k]: the same for every head
 
     return arguments
 
