@@ -470,6 +470,18 @@ def steps_cell(r: Row) -> str:
     return f"{span}/{r.total_steps}, {r.plateaued} of {len(r.ends)} at a plateau"
 
 
+def plateau_note(recs: list[Row]) -> str:
+    """The criterion most rows share, then each other one with its rows in brackets ("" without early stopping)."""
+    rows: dict[str, list[str]] = {}
+    for r in recs:
+        if r.criterion:
+            rows.setdefault(r.criterion, []).append(r.row)
+    if not rows:
+        return ""
+    (common, _), *others = sorted(rows.items(), key=lambda item: -len(item[1]))
+    return common + "".join(f" (for {', '.join(names)}: {criterion})" for criterion, names in others)
+
+
 def fraction(f: float) -> str:
     return {0.25: "1/4", 0.5: "1/2", 1.0: "all"}.get(f, f"{f:g}")
 
@@ -497,10 +509,9 @@ def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
         statistics_note(sweep) + " " + reference_rule(sweep),
         convergence_note(sweep, recs),
     ]
-    criteria = sorted({r.criterion for r in recs if r.criterion})
-    if criteria:
+    if criteria := plateau_note(recs):
         lines.append(
-            f"Trained to a plateau: each run ends when early stopping finds {'; or '.join(criteria)}, and is "
+            f"Trained to a plateau: each run ends when early stopping finds {criteria}, and is "
             "evaluated at its last step; 'steps' gives its seeds' last steps and how many ended at a plateau "
             "(the others ran to the cap, or are unfinished)."
         )
