@@ -2,7 +2,8 @@
 
 delta.png   per row and metric, the change versus the baseline in percent of it, ours (the paired
             Δ over the matched base mean, with its 95% interval) beside the reference's, on a
-            linear axis, rows grouped as in the paper (A, B, C, D, E, big)
+            linear axis, rows grouped as in the paper (A, B, C, D, E, big); one or two bars that
+            dwarf the rest are cut short, their values written
 params.png  each row's dev figure against its parameter count, ours and the reference's, every
             point labelled without overlap
 curves.png  each group's dev perplexity during training, mean over seeds with the range (only
@@ -88,13 +89,15 @@ def delta_figure(ctx: Context, recs: list[report.Row], path):
     for ax, m in zip(axes[0], metrics):
         ours = [relative(r, base, m) for r in others]
         paper = [relative_paper(r, base, m) for r in others]
-        bars(ax, places, ours, paper, ctx.profile)
+        limit = cut_at(ours, paper)
+        bars(ax, places, ours, paper, ctx.profile, limit)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.margins(x=0.16)  # room for the bars' labels
         ax.grid(axis="x", alpha=0.3)
         for _, first, _ in groups[1:]:
             ax.axhline(first - 0.8, color="0.75", linewidth=0.6)
-        ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} (ours: of the matched seeds)")
+        cut = "" if limit is None else f"\nbars beyond ±{limit:.0f}% cut there (« »: their values are written)"
+        ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} (ours: of the matched seeds){cut}")
         ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
     first = axes[0][0]
     fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
@@ -109,11 +112,26 @@ def delta_figure(ctx: Context, recs: list[report.Row], path):
     return png.save(fig, path)
 
 
-def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], profile: str) -> None:
-    """Ours (with the interval) above the reference's at each place, each bar labelled with its value."""
-    values = [o[0] for o in ours]
-    low = [0 if o[0] is None or o[1] is None else o[0] - o[1] for o in ours]
-    high = [0 if o[0] is None or o[2] is None else o[2] - o[0] for o in ours]
+def cut_at(ours: list[tuple], paper: list[float | None]) -> float | None:
+    """Where to cut the one or two bars that dwarf the rest (more than 2.5 times the next bar's
+    reach, interval included), so that the others stay readable: 1.2 times the next one's reach;
+    None when no bar dwarfs the rest."""
+    reach = [max(abs(v) for v in o if v is not None) for o in ours if o[0] is not None]
+    reach = sorted(reach + [abs(v) for v in paper if v is not None])
+    for k in (1, 2):
+        if len(reach) > k and reach[-k] > 2.5 * reach[-k - 1] > 0:
+            return 1.2 * reach[-k - 1]
+    return None
+
+
+def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], profile: str, limit=None) -> None:
+    """Ours (with the interval) above the reference's at each place, each bar labelled with its
+    value; a bar (and interval) reaching beyond ±`limit` is drawn to it, its label marked »."""
+    clip = (lambda v: v) if limit is None else (lambda v: v if v is None else max(-limit, min(limit, v)))  # noqa: E731
+    shown = [tuple(clip(v) for v in o) for o in ours]
+    values = [o[0] for o in shown]
+    low = [0 if o[0] is None or o[1] is None else o[0] - o[1] for o in shown]
+    high = [0 if o[0] is None or o[2] is None else o[2] - o[0] for o in shown]
     y_ours, y_paper = [p - 0.2 for p in places], [p + 0.2 for p in places]
     ax.barh(
         y_ours,
@@ -125,19 +143,19 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
         error_kw={"linewidth": 0.8},
         label=f"ours ({profile}), 95% CI",
     )
-    ax.barh(y_paper, [v or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
-    for y, value, (_, lo, hi) in zip(y_ours, values, ours):
+    ax.barh(y_paper, [clip(v) or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
+    for y, (value, lo, hi), (true, *_) in zip(y_ours, shown, ours):
         end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
-        bar_label(ax, y, value, end)
+        bar_label(ax, y, true, end, cut=true != value)
     for y, value in zip(y_paper, paper):
-        bar_label(ax, y, value, value)
+        bar_label(ax, y, value, clip(value), cut=clip(value) != value)
 
 
-def bar_label(ax, y: float, value: float | None, end: float | None) -> None:
+def bar_label(ax, y: float, value: float | None, end: float | None, cut: bool = False) -> None:
     if value is None:
         return
     ax.annotate(
-        f"{value:+.1f}%",
+        f"{'« ' if cut and value < 0 else ''}{value:+.1f}%{' »' if cut and value >= 0 else ''}",
         (end, y),
         xytext=(3 if end >= 0 else -3, 0),
         textcoords="offset points",
@@ -177,12 +195,12 @@ def params_figure(ctx: Context, recs: list[report.Row], path):
     return png.save(fig, path)
 
 
-def log_axis(axis) -> None:
-    """A log scale with plain tick labels at 1, 2 and 5 of each decade (0.2, 0.5, 1, 2, ...)."""
+def log_axis(axis, subs: tuple[float, ...] = (1.0, 2.0, 5.0)) -> None:
+    """A log scale with plain tick labels at 1, 2 and 5 of each decade (0.2, 0.5, 1, 2, ...), or `subs`."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     (axis.axes.set_xscale if axis is axis.axes.xaxis else axis.axes.set_yscale)("log")
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(LogLocator(subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())
 
@@ -283,7 +301,7 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
             style = {"color": "black", "linestyle": "--"} if name == sweep.baseline else {}
             line = ax.plot(steps, mean, label=name, **style)[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        log_axis(ax.yaxis)
+        log_axis(ax.yaxis, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0))  # the ends of the curves, close together, read off
         ax.set_title(f"group {g}")
         ax.set_xlabel("step")
         ax.set_ylabel("dev PPL")

@@ -352,6 +352,18 @@ def test_params_figure_labels_overlap_no_other_label_nor_marker():
         assert all(figures.marker_overlap(box, m) == 0 for m in markers)
 
 
+def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
+    from experiments import figures
+
+    # D1 of the real-text sweep: +183.5% [180, 187] beside bars that reach 17.3% at most
+    ours = [(183.5, 180.0, 187.0), (10.0, 8.0, 12.0), (None, None, None)]
+    assert figures.cut_at(ours, [17.3, 5.0, None]) == pytest.approx(1.2 * 17.3)
+    assert figures.cut_at(ours, [17.3, 5.0, 80.0]) == pytest.approx(1.2 * 17.3)  # 80 dwarfs 17.3: both cut
+    assert figures.cut_at([(50.0, 45.0, 55.0), (30.0, 28.0, 32.0)], [20.0, 10.0]) is None  # no bar dwarfs the next
+    assert figures.cut_at([(-100.0, -110.0, -90.0), (90.0, 85.0, 95.0)], [10.0, 5.0]) == pytest.approx(12.0)
+    assert figures.cut_at([], []) is None
+
+
 @pytest.mark.slow
 def test_a_row_another_launcher_runs_is_left_alone(tmp_path):
     root = tmp_path / "t3"
