@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import re
 
-from experiments import report
 from experiments.context import Context
+from experiments.rows import Row, dev_curves, gather
 from fxformer import exitcodes, png
 
 
@@ -26,13 +26,13 @@ def group_of(name: str) -> str:
 
 
 def plot(ctx: Context, runs, doc: dict, directory) -> int:
-    recs = report.gather(ctx, runs, doc)
+    recs = gather(ctx, runs, doc)
     directory.mkdir(parents=True, exist_ok=True)
     written = [delta_figure(ctx, recs, directory / "delta.png"), params_figure(ctx, recs, directory / "params.png")]
     by_row: dict[str, list[dict]] = {}
     for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
         by_row.setdefault(rep["row"], []).append(rep)
-    if any(report.dev_curves(reps, "dev_ppl") for reps in by_row.values()):
+    if any(dev_curves(reps, "dev_ppl") for reps in by_row.values()):
         written.append(curves_figure(ctx, runs, by_row, directory / "curves.png"))
     print("written: " + ", ".join(str(p) for p in written))
     return exitcodes.OK
@@ -42,7 +42,7 @@ def plot(ctx: Context, runs, doc: dict, directory) -> int:
 # delta.png
 
 
-def relative(rec: report.Row, base: report.Row | None, metric: str) -> tuple[float | None, float | None, float | None]:
+def relative(rec: Row, base: Row | None, metric: str) -> tuple[float | None, float | None, float | None]:
     """Ours in percent of the matched base mean: (Δ, CI low, CI high); None where unknown."""
     matched = rec.matched[metric]
     if not matched or rec.delta_ours[metric] is None:
@@ -52,14 +52,14 @@ def relative(rec: report.Row, base: report.Row | None, metric: str) -> tuple[flo
     return scale(rec.delta_ours[metric]), scale(ci[0]), scale(ci[1])
 
 
-def relative_paper(rec: report.Row, base: report.Row | None, metric: str) -> float | None:
+def relative_paper(rec: Row, base: Row | None, metric: str) -> float | None:
     """The reference's change in percent of its own baseline."""
     if base is None or not base.paper[metric] or rec.delta_paper[metric] is None:
         return None
     return 100 * rec.delta_paper[metric] / base.paper[metric]
 
 
-def positions(recs: list[report.Row]) -> tuple[list[float], list[tuple[str, float, float]]]:
+def positions(recs: list[Row]) -> tuple[list[float], list[tuple[str, float, float]]]:
     """Each row's place on the y axis, one unit apart and a gap between groups, and each group's
     (name, first place, last place)."""
     places, groups, y = [], [], 0.0
@@ -75,7 +75,7 @@ def positions(recs: list[report.Row]) -> tuple[list[float], list[tuple[str, floa
     return places, groups
 
 
-def delta_figure(ctx: Context, recs: list[report.Row], path):
+def delta_figure(ctx: Context, recs: list[Row], path):
     plt = png.pyplot()
     from matplotlib.transforms import blended_transform_factory
 
@@ -169,7 +169,7 @@ def bar_label(ax, y: float, value: float | None, end: float | None, cut: bool = 
 # params.png
 
 
-def params_figure(ctx: Context, recs: list[report.Row], path):
+def params_figure(ctx: Context, recs: list[Row], path):
     plt = png.pyplot()
 
     sweep = ctx.sweep
@@ -275,7 +275,7 @@ def marker_overlap(box, point, radius: float = 4.0) -> float:
 
 def band(reps: list[dict], key: str = "dev_ppl") -> tuple[list[int], list[float], list[float], list[float]]:
     """A row's learning curve over its seeds: (steps every seed logged, mean, min, max)."""
-    curves = list(report.dev_curves(reps, key).values())
+    curves = list(dev_curves(reps, key).values())
     if not curves:
         return [], [], [], []
     steps = sorted(set.intersection(*(set(c) for c in curves)))

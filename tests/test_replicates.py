@@ -25,8 +25,9 @@ from test_launch import check_golden, head_commit
 from test_sweep import LONGER, experiments, losses, started_until_checkpoint, stopped, sweep_command
 
 from experiments import __main__ as experiments_main
-from experiments import records, report, runner, stats
+from experiments import cells, footer, records, report, runner, stats
 from experiments.context import Context, Replicate
+from experiments.rows import gather
 from fxformer import exitcodes, optim, trainstate
 from fxformer.data import pipeline, token_ids
 from fxformer.model import Transformer, TransformerConfig
@@ -136,7 +137,7 @@ def write_results(ctx: Context) -> None:
 def test_collect_statistics_equal_numpy_on_hand_made_results(tmp_path):
     ctx = context(tmp_path / "t3", "--seeds=4")
     write_results(ctx)
-    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select("base,B1,C1"))}
+    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select("base,B1,C1"))}
     for row, (ppls, bleus) in HAND_MADE.items():
         for metric, values in (("ppl", ppls), ("bleu", bleus)):
             rec = rows[row]
@@ -196,10 +197,10 @@ def test_collect_says_whether_runs_end_at_their_lowest_dev_perplexity(tmp_path):
     for name, values in curves.items():
         lines = [json.dumps({"step": 100 * (i + 1), "dev_ppl": v}) for i, v in enumerate(values)]
         (Path(ctx.root) / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    records = report.gather(ctx, ctx.sweep.select("base,B1,C1"))
+    records = gather(ctx, ctx.sweep.select("base,B1,C1"))
     rises = {rec.row: rec.end_above_lowest for rec in records}
     assert rises == {"base": pytest.approx(0.05), "B1": pytest.approx(0.4), "C1": None}  # the worst seed's rise
-    note = report.end_note(records)
+    note = footer.end_note(records)
     sd_b1 = np.std(HAND_MADE["B1"][0], ddof=1)  # 0.061: B1 rise of 0.4 is above it; base 0.05 below its 0.065
     assert f"B1 (+0.400, seed sd {sd_b1:.3f})" in note and "base (" not in note and "in 0 of 2 rows" in note
 
@@ -366,7 +367,7 @@ def test_the_committed_real_text_table_is_what_its_records_collect_to(tmp_path):
 
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
-    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select(",".join(FAKE)))}
+    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
     cells = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
     assert rows["C1"].pilot and rows["D1"].pilot and not rows["A1"].pilot
@@ -594,10 +595,10 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     base_rows = [ctx.read(rep) for rep in ctx.replicates(ctx.sweep.select("base")[0])]
     assert [row.total_steps for row in base_rows] == [800, 1000, 700]  # early stopping's end, else the cap
     assert [str(row.state()) for row in base_rows] == ["finished"] * 3
-    rows = {rec.row: rec for rec in report.gather(ctx, ctx.sweep.select("base,A1"))}
+    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select("base,A1"))}
     assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
-    assert report.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
-    assert report.steps_cell(rows["A1"]) == "1000/1000"
+    assert cells.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
+    assert cells.steps_cell(rows["A1"]) == "1000/1000"
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
     assert (
         "finds no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps "

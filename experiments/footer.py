@@ -1,0 +1,151 @@
+"""The footer of a sweep's table: what the table is, how it was judged (the statistics, the
+reference's noise, convergence, the plateau), and the headline count of rows that agree."""
+
+from __future__ import annotations
+
+from experiments import stats
+from experiments.cells import first_metric, fraction, share
+from experiments.rows import FRACTIONS, LATE, Row, more_splits
+
+
+def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
+    finished = [r for r in recs if r.results]
+    first = finished[0].results if finished else {}
+    unique = lambda key: sorted({str(getattr(r, key)) for r in recs if getattr(r, key)}) or ["?"]  # noqa: E731
+    lines = [
+        f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {len(finished)} of {len(recs)} "
+        f"rows finished; collected {source['collected']}.",
+    ]
+    if source["origin"] != "run directories":
+        lines.append(f"Source: {source['origin']}.")
+    lines += [
+        f"sacreBLEU: {first.get('signature', '?')}; beam {first.get('beam_size', '?')}, alpha "
+        f"{first.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences"
+        f"{more_splits_note(sweep, recs)}; no checkpoint averaging.",
+        f"Devices: {', '.join(unique('devices'))}; global batch {', '.join(unique('tokens_per_batch'))} tokens per "
+        f"side per step; commit {', '.join(unique('commit'))}.",
+        statistics_note(sweep) + " " + reference_rule(sweep),
+        convergence_note(sweep, recs),
+    ]
+    if criteria := plateau_note(recs):
+        lines.append(
+            f"Trained to a plateau: each run ends when early stopping finds {criteria}, and is "
+            "evaluated at its last step; 'steps' gives its seeds' last steps and how many ended at a plateau "
+            "(the others ran to the cap, or are unfinished)."
+        )
+    if any(r.end_above_lowest is not None for r in recs):
+        lines.append(end_note(recs))
+    lines += [line for m in sweep.metrics if (line := count_line(recs, m))]
+    return lines
+
+
+def more_splits_note(sweep, recs: list[Row]) -> str:
+    """'; and test, 1000 sentences, decoded the same way (20 of 20 rows)', or why those columns are blank."""
+    out = ""
+    for split in more_splits(sweep):
+        done = [r for r in recs if r.more[split].results]
+        if not done:
+            out += f"; {split}: no evaluation in these records (its columns are blank)"
+            continue
+        n = done[0].more[split].results.get("num_sentences", "?")
+        out += f"; and {split}, {n} sentences, decoded the same way ({len(done)} of {len(recs)} rows)"
+    return out
+
+
+def statistics_note(sweep) -> str:
+    return (
+        f"Statistics: n seeds per row; Δ = mean over the seeds k both have of (row seed k - {sweep.baseline} seed k), "
+        f"shown beside '{sweep.baseline}, matched', the mean of those {sweep.baseline} seeds, so that a row's mean "
+        f"minus its matched {sweep.baseline} is Δ (the {sweep.baseline} row's own mean is over all of its seeds, "
+        f"including those no row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
+        f"sqrt(pairs). Ours is a direction where a two-sided paired t-test on those differences (scipy.stats."
+        f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}, a tie otherwise."
+    )
+
+
+def reference_rule(sweep) -> str:
+    parts = []
+    for m, noise in sweep.noise.items():
+        if "log_sd" in noise:
+            parts.append(f"{m.upper()}: |Δ ln {m.upper()}| <= 2 sqrt(2) x {noise['log_sd']}")
+        elif "sd" in noise:
+            parts.append(f"{m.upper()}: |Δ| <= 2 sqrt(2) x {noise['sd']}")
+    if not parts:
+        return "The reference's differences are taken as they are."
+    why = f" ({sweep.noise_source})" if sweep.noise_source else ""
+    return (
+        "The reference is a tie where its difference is within the noise of two single runs: "
+        + "; ".join(parts)
+        + why
+        + "."
+    )
+
+
+def convergence_note(sweep, recs: list[Row]) -> str:
+    m1 = first_metric(sweep)
+    if not any(r.along or r.late_share is not None for r in recs):
+        return "Convergence: these records hold no dev curves, so the convergence columns are blank."
+    return (
+        f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
+        f"improvement (from its first dev evaluation to its last) made in the last {share(LATE)} of its training "
+        f"steps, mean over seeds: 0% had levelled off, {share(LATE)} or more was improving as fast as ever. The "
+        f"{m1} direction is judged again (the same test, the same reference) at each run's last dev evaluation at "
+        f"or before {', '.join(fraction(f) for f in FRACTIONS)} of its steps."
+    )
+
+
+def end_note(recs: list[Row]) -> str:
+    """Whether the runs end at their lowest dev perplexity, against each row's seed sd."""
+    measured = [r for r in recs if r.end_above_lowest is not None]
+    rises = [r.end_above_lowest for r in measured]
+    above = [
+        f"{r.row} (+{r.end_above_lowest:.3f}, seed sd {r.sd['ppl']:.3f})"
+        for r in measured
+        if r.sd.get("ppl") is not None and r.end_above_lowest > r.sd["ppl"]
+    ]
+    return (
+        f"Dev PPL at the end vs each run's lowest: in {rises.count(0)} of {len(rises)} rows every seed ends at its "
+        f"lowest; the largest rise is {max(rises, default=0):.3f}; rows with a seed that ends above its lowest "
+        f"by more than the row's seed sd: {', '.join(above) or 'none'}."
+    )
+
+
+COUNTED = ("agree", "disagree", "tie")
+
+
+def count_line(recs: list[Row], m: str) -> str | None:
+    """The headline: how many rows agree with the paper's direction, pilot rows left out."""
+    judged = [r for r in recs if r.direction[m]]
+    pilots = [r for r in judged if r.pilot]
+    rows = [r for r in judged if not r.pilot]
+    counted = [r for r in rows if r.direction[m] in COUNTED]
+    verdicts = [r.direction[m] for r in counted]
+    if not counted and rows:
+        agree = sum(r.direction[m].endswith("agree") and "disagree" not in r.direction[m] for r in rows)
+        return f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(rows)}."
+    if not counted:
+        return None
+    text = (
+        f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "
+        f"agree, {verdicts.count('tie')} tie, {verdicts.count('disagree')} disagree, of the {len(counted)} rows with "
+        f"2 or more paired seeds where the paper's difference is not a tie ({', '.join(r.row for r in counted)})"
+    )
+    if pilots:
+        text += (
+            "; not counted: the pilot rows, on which the recipe was chosen (with the baseline, on the same dev set): "
+            + ", ".join(f"{r.row} {r.direction[m]}" for r in pilots)
+        )
+    more = len(rows) - len(counted)
+    return text + (f"; {more} more rows have one seed or are paper ties." if more else ".")
+
+
+def plateau_note(recs: list[Row]) -> str:
+    """The criterion most rows share, then each other one with its rows in brackets ("" without early stopping)."""
+    rows: dict[str, list[str]] = {}
+    for r in recs:
+        if r.criterion:
+            rows.setdefault(r.criterion, []).append(r.row)
+    if not rows:
+        return ""
+    (common, _), *others = sorted(rows.items(), key=lambda item: -len(item[1]))
+    return common + "".join(f" (for {', '.join(names)}: {criterion})" for criterion, names in others)
