@@ -1,0 +1,22 @@
+#!/bin/bash
+# land.sh ROOT OUT PID: how this folder's records landed while the sweep ran. Every 5 minutes while
+# the sweep's process PID lives (and once after it ends), if more runs have finished since the last
+# look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the checkout's code, and a
+# commit of OUT alone ("records of N finished runs"), so that a new machine loses only the runs in flight.
+#   PID=$(pgrep -f "experiments run table3" | head -1)
+#   nohup experiments/results/table3-multi30k/land.sh /tmp/t3s/root experiments/results/table3-multi30k $PID &
+ROOT=$1; OUT=$2; PID=$3
+finished() { grep -l '"finished"' $ROOT/*/*/sweep.json $ROOT/*/sweep.json 2>/dev/null | wc -l; }
+last=$(finished)
+while true; do
+  alive=1; kill -0 $PID 2>/dev/null || alive=0
+  n=$(finished)
+  if [ "$n" != "$last" ]; then
+    nice -n 19 .venv/bin/python -m experiments collect table3 --root=$ROOT --out=$OUT > /tmp/land-collect.log 2>&1 \
+      && git add -- $OUT && git commit -q -m "table3-multi30k: records of $n finished runs (collected as they land)" -- $OUT \
+      && echo "$(date -u +%H:%M) landed $n"
+    last=$n
+  fi
+  [ $alive = 0 ] && break
+  sleep 300
+done
