@@ -96,7 +96,7 @@ def delta_figure(ctx: Context, recs: list[Row], path):
         ax.grid(axis="x", alpha=0.3)
         for _, first, _ in groups[1:]:
             ax.axhline(first - 0.8, color="0.75", linewidth=0.6)
-        cut = "" if limit is None else f"\nbars beyond ±{limit:.0f}% cut there (« »: their values are written)"
+        cut = "" if limit is None else f"\nbars beyond ±{limit:.3g}% cut there (« »: their values are written)"
         ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} (ours: of the matched seeds){cut}")
         ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
     first = axes[0][0]
@@ -118,7 +118,7 @@ def cut_at(ours: list[tuple], paper: list[float | None]) -> float | None:
     None when no bar dwarfs the rest."""
     reach = [max(abs(v) for v in o if v is not None) for o in ours if o[0] is not None]
     reach = sorted(reach + [abs(v) for v in paper if v is not None])
-    for k in (1, 2):
+    for k in (2, 1):  # two first: when both dwarf the rest, cutting the largest alone leaves the second
         if len(reach) > k and reach[-k] > 2.5 * reach[-k - 1] > 0:
             return 1.2 * reach[-k - 1]
     return None
@@ -126,7 +126,7 @@ def cut_at(ours: list[tuple], paper: list[float | None]) -> float | None:
 
 def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], profile: str, limit=None) -> None:
     """Ours (with the interval) above the reference's at each place, each bar labelled with its
-    value; a bar (and interval) reaching beyond ±`limit` is drawn to it, its label marked »."""
+    value; a bar or interval reaching beyond ±`limit` is drawn to it, its label marked « or »."""
     clip = (lambda v: v) if limit is None else (lambda v: v if v is None else max(-limit, min(limit, v)))  # noqa: E731
     shown = [tuple(clip(v) for v in o) for o in ours]
     values = [o[0] for o in shown]
@@ -144,9 +144,9 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
         label=f"ours ({profile}), 95% CI",
     )
     ax.barh(y_paper, [clip(v) or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
-    for y, (value, lo, hi), (true, *_) in zip(y_ours, shown, ours):
+    for y, (value, lo, hi), original in zip(y_ours, shown, ours):
         end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
-        bar_label(ax, y, true, end, cut=true != value)
+        bar_label(ax, y, original[0], end, cut=original != (value, lo, hi))  # the bar or its interval cut
     for y, value in zip(y_paper, paper):
         bar_label(ax, y, value, clip(value), cut=clip(value) != value)
 

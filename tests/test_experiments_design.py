@@ -83,14 +83,19 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 UPWARD = {f"experiments.{m}" for m in ("launch", "runner", "report", "context", "__main__")}
 
 
+# The tables and figures, bottom up: a row's record, its cells, the footer, the report; the figures
+# beside the report. Each may import only what sits below it here (and never the runner).
+TABLES = [f"experiments.{m}" for m in ("rows", "cells", "footer", "report", "figures")]
+
+
 def forbidden(module: str) -> set[str]:
     """What `module` may not import: nothing imports __main__, backends sit below the verbs,
-    and the report below the runner."""
+    and the tables (rows <- cells <- footer <- report; figures) below the runner."""
     banned = {"experiments.__main__"}
     if module == "experiments.backends" or module.startswith("experiments.backends."):
         banned |= UPWARD
-    if module == "experiments.report":
-        banned.add("experiments.runner")
+    if module in TABLES:
+        banned |= {"experiments.runner", *TABLES[TABLES.index(module) :]} - {module}
     return banned
 
 
@@ -100,6 +105,7 @@ def test_the_experiments_import_graph_has_no_cycle_and_never_runs_back_up():
     print("\n" + "\n".join(graph_lines(graph)))
     assert {"experiments.backends", "experiments.report", "experiments.context"} <= graph["experiments.runner"]
     assert "experiments.backends.base" in graph["experiments.backends"]  # the parser sees real edges
+    assert forbidden("experiments.cells") == {"experiments.__main__", "experiments.runner", *TABLES[2:]}
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
     upward = [

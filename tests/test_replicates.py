@@ -369,23 +369,23 @@ def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
-    cells = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
+    shown = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
     assert rows["C1"].pilot and rows["D1"].pilot and not rows["A1"].pilot
-    assert "C1 (pilot)" in cells and "D1 (pilot)" in cells
+    assert "C1 (pilot)" in shown and "D1 (pilot)" in shown
     # test beside dev: C1's mean ± sd of its three test runs, A1's blank (no test evaluation yet)
     assert rows["C1"].more["test"].ours["ppl"] == pytest.approx(2.20)
-    assert cells["C1 (pilot)"][6].strip() == "2.200 ± 0.050" and cells["A1"][6].strip() == ""
+    assert shown["C1 (pilot)"][6].strip() == "2.200 ± 0.050" and shown["A1"][6].strip() == ""
     assert "and test, 1000 sentences, decoded the same way (3 of 4 rows)" in table
     # the matched base is the mean of the base seeds Δ is measured from: row mean - matched base = Δ
     a1 = rows["A1"]
     assert a1.ours["ppl"] - a1.matched["ppl"] == pytest.approx(a1.delta_ours["ppl"])
     # C1 learns faster at first (better at 1/4), level at 1/2, worse at the end, as in the paper
-    assert rows["C1"].along == ["disagree", "tie", "agree"] and "disagree → tie → agree" in cells["C1 (pilot)"][-4]
+    assert rows["C1"].along == ["disagree", "tie", "agree"] and "disagree → tie → agree" in shown["C1 (pilot)"][-4]
     for name, rec in rows.items():
         curves = [fake_curve(*points) for points, _ in FAKE[name]]
         share = np.mean([(c[800] - c[1000]) / (c[100] - c[1000]) for c in curves])
         assert rec.late_share == pytest.approx(share), name
-        assert cells[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * share:.0f}%"
+        assert shown[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * share:.0f}%"
     # the headline counts A1 alone: the pilot rows are named, with their verdicts, and not counted
     count = next(line for line in table.splitlines() if line.startswith("PPL direction as the paper's"))
     assert "0 agree, 0 tie, 1 disagree, of the 1 rows" in count and "(A1)" in count
@@ -583,11 +583,11 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     args = runner.parser("collect").parse_args(["table3", f"--root={root}", "--profile=mini", "--seeds=3"])
     ctx = Context(args, [])
     ctx.record()
-    ends = {"base": [800, 1000, 700], "A1": [1000, 1000, 1000]}
-    for run in ctx.sweep.select("base,A1"):
+    ends = {"base": [800, 1000, 700], "A1": [1000, 1000, 1000], "A2": [1000, 1000, 1000]}
+    for run in ctx.sweep.select("base,A1,A2"):
         for k, end in enumerate(ends[run.name]):
             rep = Replicate(run, k)
-            patience = 2 if run.name == "base" else 3  # a row with its own criterion is named beside it
+            patience = 2 if run.name == "base" else 3  # A1 and A2 share theirs; base's is named beside it
             config = rep.resolved(()) | {"early_stopping_patience": patience, "best_metric": "dev_ppl"}
             best = end - 200 if end < 1000 else end  # dev PPL falls to `best`, then rises a little
             curve = {s: 12.0 - min(s, best) / 100 + max(0, s - best) / 10_000 for s in range(100, end + 1, 100)}
@@ -595,12 +595,12 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     base_rows = [ctx.read(rep) for rep in ctx.replicates(ctx.sweep.select("base")[0])]
     assert [row.total_steps for row in base_rows] == [800, 1000, 700]  # early stopping's end, else the cap
     assert [str(row.state()) for row in base_rows] == ["finished"] * 3
-    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select("base,A1"))}
+    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select("base,A1,A2"))}
     assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
     assert cells.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
     assert cells.steps_cell(rows["A1"]) == "1000/1000"
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
     assert (
-        "finds no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps "
-        "(for A1: no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps), and is"
+        "finds no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps "
+        "(for base: no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps), and is"
     ) in table

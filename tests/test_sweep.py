@@ -362,6 +362,8 @@ def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
     assert figures.cut_at([(50.0, 45.0, 55.0), (30.0, 28.0, 32.0)], [20.0, 10.0]) is None  # no bar dwarfs the next
     assert figures.cut_at([(-100.0, -110.0, -90.0), (90.0, 85.0, 95.0)], [10.0, 5.0]) == pytest.approx(12.0)
     assert figures.cut_at([], []) is None
+    # the largest dwarfs the second and the second the rest: both are cut where the third reaches
+    assert figures.cut_at([(200.0, 190.0, 210.0), (50.0, 45.0, 55.0), (10.0, 9.0, 11.0)], []) == pytest.approx(13.2)
 
 
 @pytest.mark.slow
