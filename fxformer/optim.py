@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -89,6 +91,64 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
         smoothed = lse - (jnp.where(is_target, confidence, low) * x).sum(-1)  # -sum_v q(v) log p(v)
         nll = lse - target_logit
         correct = (target_logit >= x.max(-1)).astype(jnp.float32)
+        sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
+    return dict(zip(SUMS, sums, strict=True))
+
+
+def _combine(a: tuple, b: tuple) -> tuple:
+    """Two partial (max, sum of exp(x - max), q-weighted sum, target's logit) of a row as one."""
+    (top_a, exp_a, q_a, target_a), (top_b, exp_b, q_b, target_b) = a, b
+    top = jnp.maximum(top_a, top_b)
+    rescaled = lambda t, e: e * jnp.where(t == top, 1.0, jnp.exp(t - top))  # noqa: E731 (-inf twice: 1, not nan)
+    return top, rescaled(top_a, exp_a) + rescaled(top_b, exp_b), q_a + q_b, target_a + target_b
+
+
+def _q(targets: Array, vocab: int, label_smoothing: float) -> tuple[Array, Array]:
+    """(is the target [..., vocab], the smoothed target distribution q [..., vocab])."""
+    is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
+    return is_target, jnp.where(is_target, 1.0 - label_smoothing, label_smoothing / (vocab - 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def logit_reductions(logits: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array, Array, Array]:
+    """(log-sum-exp, sum_v q(v) x_v, the target's logit, the largest logit) of every position, in
+    one pass over the logits [..., vocab] (any float dtype, read in float32): a variadic reduction
+    that keeps a running maximum and rescales its running sum of exponentials as the maximum grows.
+    The gradient, g_lse softmax + g_q q + g_target onehot, is one pass too; the largest logit has
+    none (it only decides whether a guess is correct)."""
+    x = logits.astype(jnp.float32)
+    is_target, q = _q(targets, x.shape[-1], label_smoothing)
+    operands = (x, jnp.ones_like(x), q * x, jnp.where(is_target, x, 0.0))
+    top, exps, q_sum, target = jax.lax.reduce(operands, (-jnp.inf, 0.0, 0.0, 0.0), _combine, (x.ndim - 1,))
+    return top + jnp.log(exps), q_sum, target, top
+
+
+def _logit_reductions_forward(logits, targets, label_smoothing):
+    out = logit_reductions(logits, targets, label_smoothing)
+    return out, (logits, targets, out[0])
+
+
+def _logit_reductions_backward(label_smoothing, residuals, cotangents):
+    logits, targets, lse = residuals
+    g_lse, g_q, g_target, _ = cotangents
+    x = logits.astype(jnp.float32)
+    is_target, q = _q(targets, x.shape[-1], label_smoothing)
+    grad = g_lse[..., None] * jnp.exp(x - lse[..., None]) + g_q[..., None] * q + g_target[..., None] * is_target
+    return grad.astype(logits.dtype), None
+
+
+logit_reductions.defvjp(_logit_reductions_forward, _logit_reductions_backward)
+
+
+def one_pass_cross_entropy_sums(
+    logits: Array, targets: Array, weights: Array, label_smoothing: float
+) -> dict[str, Array]:
+    """`cross_entropy_sums` from `logit_reductions`: every sum from one pass over the logits
+    instead of one reduction per quantity. Not yet the default: `experiments/gpu/diag.py
+    one_pass_loss` measures it on a GPU, where the passes over [tokens, vocab] cost time."""
+    with jax.named_scope("cross_entropy"):
+        lse, q_sum, target_logit, top = logit_reductions(logits, targets, label_smoothing)
+        smoothed, nll, correct = lse - q_sum, lse - target_logit, (target_logit >= top).astype(jnp.float32)
         sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
     return dict(zip(SUMS, sums, strict=True))
 

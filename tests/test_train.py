@@ -51,14 +51,19 @@ def numpy_cross_entropy(logits, target, eps):
     return -(q * log_p).sum(), -log_p[target]
 
 
-def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
+# The loss as reductions (the default) and in one pass (optim.one_pass_cross_entropy_sums, measured on a GPU)
+LOSSES = {"reductions": optim.cross_entropy_sums, "one pass": optim.one_pass_cross_entropy_sums}
+
+
+@pytest.mark.parametrize("impl", LOSSES)
+def test_label_smoothed_loss_equals_numpy_with_pads_ignored(impl):
     rng = np.random.default_rng(0)
     vocab, eps = 7, 0.1
     logits = rng.normal(size=(2, 5, vocab)).astype(np.float32) * 3
     targets = np.array([[4, 5, 6, 3, 0], [1, 3, 0, 0, 0]])
     logits[0, 0, 4] = logits[1, 1, 3] = logits[1, 2, 2] = 20.0  # two right guesses, one at a pad
     weights = (targets != 0).astype(np.float32)
-    sums = optim.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), eps)
+    sums = LOSSES[impl](jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), eps)
     loss = nll = 0.0
     count = 0
     for b in range(2):
@@ -76,9 +81,11 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored():
     assert right.sum() == 2 and float(sums["correct"]) == 2
 
 
-def test_label_smoothed_loss_gradient_is_softmax_minus_the_smoothed_target():
-    """d loss / d logits = weight * (softmax(logits) - q), q the smoothed target, against float64
-    NumPy; bfloat16 logits get bfloat16 gradients as close to it as bfloat16 allows."""
+@pytest.mark.parametrize("impl", LOSSES)
+def test_label_smoothed_loss_gradient_is_softmax_minus_the_smoothed_target(impl):
+    """d loss / d logits = weight * (softmax(logits) - q), q the smoothed target, and d NLL / d logits
+    = weight * (softmax(logits) - onehot), against float64 NumPy; bfloat16 logits get bfloat16
+    gradients as close to it as bfloat16 allows."""
     rng = np.random.default_rng(1)
     vocab, eps = 11, 0.1
     logits = (rng.normal(size=(3, 4, vocab)) * 4).astype(np.float32)
@@ -86,8 +93,8 @@ def test_label_smoothed_loss_gradient_is_softmax_minus_the_smoothed_target():
     targets[2, 2:] = 0
     weights = (targets != 0).astype(np.float32) * rng.uniform(0.5, 2.0, size=(3, 4)).astype(np.float32)
 
-    def loss(x):
-        return optim.cross_entropy_sums(x, jnp.asarray(targets), jnp.asarray(weights), eps)["loss"]
+    def loss(x, key="loss"):
+        return LOSSES[impl](x, jnp.asarray(targets), jnp.asarray(weights), eps)[key]
 
     x64 = logits.astype(np.float64)
     p = np.exp(x64 - x64.max(-1, keepdims=True))
@@ -100,6 +107,10 @@ def test_label_smoothed_loss_gradient_is_softmax_minus_the_smoothed_target():
     grad16 = jax.grad(loss)(jnp.asarray(logits, jnp.bfloat16))
     assert grad16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(grad16, np.float64), expected, atol=0.02 * np.abs(expected).max())
+    onehot = np.zeros_like(p)
+    np.put_along_axis(onehot, targets[..., None], 1.0, axis=-1)
+    nll_grad = np.asarray(jax.grad(functools.partial(loss, key="nll"))(jnp.asarray(logits)), np.float64)
+    np.testing.assert_allclose(nll_grad, weights[..., None] * (p - onehot), atol=1e-6)
 
 
 @pytest.mark.slow  # compiles a model

@@ -8,12 +8,15 @@ what a change of that part could gain, so the next change is chosen by measureme
 - `mask_heads_1`: the packed rows' segment mask goes to cuDNN as [b, 1, q, k] (one bias for all
   heads) instead of broadcast to [b, h, q, k];
 - `no_mask`: packed rows get no segment mask at all (`is_causal` alone): the attention time of a
-  kernel that knew the segments and skipped what they hide would be at most this.
+  kernel that knew the segments and skipped what they hide would be at most this;
+- `one_pass_loss`: the loss's sums from one pass over the logits (`optim.one_pass_cross_entropy_sums`,
+  the same loss and gradients: tests/test_train.py) instead of one reduction per quantity; the
+  one variant that is a candidate default, not a bound.
 """
 
 import sys
 
-from fxformer import bench, cli, model
+from fxformer import bench, cli, model, optim
 
 
 def packed_arguments(variant: str):
@@ -34,6 +37,9 @@ def packed_arguments(variant: str):
 
 if __name__ == "__main__":
     variant = sys.argv.pop(1)
-    assert variant in ("mask_heads_1", "no_mask"), variant
-    model.fused_mask_arguments = packed_arguments(variant)
+    assert variant in ("mask_heads_1", "no_mask", "one_pass_loss"), variant
+    if variant == "one_pass_loss":
+        optim.cross_entropy_sums = optim.one_pass_cross_entropy_sums
+    else:
+        model.fused_mask_arguments = packed_arguments(variant)
     cli.run(bench.main)

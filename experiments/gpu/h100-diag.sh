@@ -10,6 +10,7 @@ B="python3 -m fxformer.bench"; D="python3 experiments/gpu/diag.py"
 bench head "X=1" $B $BASE
 bench mask_heads_1 "X=1" $D mask_heads_1 $BASE
 bench no_mask "X=1" $D no_mask $BASE
+bench one_pass_loss "X=1" $D one_pass_loss $BASE
 bench no_dropout "X=1" $B $BASE --config.model.dropout_rate=0
 bench triton_gemm_off "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false" $B $BASE
 bench batch_2x "X=1" $B $BASE --config.data.tokens_per_batch=50000
