@@ -198,7 +198,11 @@ def sigterm_one_process_after(workdir, process, steps):
     """Wait until `steps` steps are logged, then SIGTERM the training command of process 1 only."""
     deadline = time.time() + 300
     while not (workdir / "metrics.jsonl").exists() or max(logged(workdir), default=0) < steps:
-        assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
+        if process.poll() is not None or time.time() > deadline:  # process 0's output is on stdout
+            if process.poll() is None:
+                process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"the launch ended ({process.returncode}) before step {steps}:\n{out[-3000:]}\n{err[-3000:]}")
         time.sleep(0.05)
     pid = int((workdir / "logs" / "process_1" / "pid").read_text())
     os.kill(pid, signal.SIGTERM)
