@@ -140,7 +140,8 @@ def count_line(recs: list[Row], m: str) -> str | None:
 
 
 def plateau_note(recs: list[Row]) -> str:
-    """The criterion most rows share, then each other one with its rows in brackets ("" without early stopping)."""
+    """The criterion most rows share, then each other one with its rows in brackets, and the rows
+    without early stopping ("" when no row has it)."""
     rows: dict[str, list[str]] = {}
     for r in recs:
         if r.criterion:
@@ -148,4 +149,9 @@ def plateau_note(recs: list[Row]) -> str:
     if not rows:
         return ""
     (common, _), *others = sorted(rows.items(), key=lambda item: -len(item[1]))
-    return common + "".join(f" (for {', '.join(names)}: {criterion})" for criterion, names in others)
+    none = [r.row for r in recs if not r.criterion]
+    return (
+        common
+        + "".join(f" (for {', '.join(names)}: {criterion})" for criterion, names in others)
+        + (f" (for {', '.join(none)}: no early stopping, the steps set)" if none else "")
+    )

@@ -14,6 +14,7 @@ import math
 import re
 import shutil
 import signal
+import types
 from pathlib import Path
 
 import jax
@@ -576,6 +577,13 @@ def test_slurm_dry_run_of_a_replicated_row_matches_golden_file():
     assert result.returncode == 0, result.stderr
     check_golden("sweep_table3_B1_seeds2_slurm.txt", result.stdout)
     assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=/shared/table3/B1.s1" in result.stdout
+
+
+def test_the_plateau_note_leads_with_the_common_criterion_and_names_the_others():
+    row = lambda name, criterion: types.SimpleNamespace(row=name, criterion=criterion)  # noqa: E731
+    recs = [row("base", "X"), row("A1", "Y"), row("A2", "X"), row("B1", ""), row("big", "Z")]
+    assert footer.plateau_note(recs) == "X (for A1: Y) (for big: Z) (for B1: no early stopping, the steps set)"
+    assert footer.plateau_note([row("base", ""), row("A1", "")]) == ""
 
 
 def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(tmp_path):
