@@ -56,7 +56,9 @@ def save_failed(directory: paths.PathLike, step: int | None, error: BaseExceptio
         in_text, f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
     )
     if step is None:  # the save that failed is the one left unfinished
-        unfinished = [p.name.split(".")[0] for p in paths.as_path(directory).iterdir() if TEMPORARY in p.name]
+        folder = paths.as_path(directory)
+        names = [p.name for p in folder.iterdir()] if folder.exists() else []  # absent: the workdir was removed
+        unfinished = [name.split(".")[0] for name in names if TEMPORARY in name]
         step = int(unfinished[-1]) if unfinished and unfinished[-1].isdigit() else None
     done = [s for s in paths.complete_steps(directory) if s != step]
     last = f"the last complete checkpoint is {directory}/{done[-1]}" if done else "no checkpoint is complete"

@@ -135,6 +135,13 @@ def test_a_failed_save_says_why_in_the_same_words_however_the_error_arrives(tmp_
     assert f"the last complete checkpoint is {tmp_path}/3:" in message
 
 
+def test_a_failed_save_into_a_removed_directory_is_still_one_sentence(tmp_path):
+    # the workdir removed while a save runs: orbax's error reaches save_failed after the folder is gone
+    message = str(checkpoint.save_failed(tmp_path / "gone", None, FileNotFoundError("no such directory")))
+    assert message.startswith(f"A save to {tmp_path / 'gone'} failed (FileNotFoundError: no such directory); ")
+    assert "no checkpoint is complete" in message
+
+
 def test_early_stopping_counts_the_dev_evaluations_after_the_best_one(tmp_path):
     run = paths.Workdir(tmp_path)
     lines = [
