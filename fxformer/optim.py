@@ -67,6 +67,12 @@ def _log_sum_exp_backward(residuals: tuple[Array, Array], g: Array) -> tuple[Arr
 log_sum_exp.defvjp(_log_sum_exp_forward, _log_sum_exp_backward)
 
 
+def _q(targets: Array, vocab: int, label_smoothing: float) -> tuple[Array, Array]:
+    """(is the target [..., vocab], the smoothed target distribution q [..., vocab])."""
+    is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
+    return is_target, jnp.where(is_target, 1.0 - label_smoothing, label_smoothing / (vocab - 1))
+
+
 def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoothing: float) -> dict[str, Array]:
     """Sums over weighted target tokens of the label-smoothed loss, the plain NLL, and correct guesses.
 
@@ -85,10 +91,9 @@ def cross_entropy_sums(logits: Array, targets: Array, weights: Array, label_smoo
         vocab = logits.shape[-1]
         x = logits.astype(jnp.float32)
         lse = log_sum_exp(logits)
-        is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
+        is_target, q = _q(targets, vocab, label_smoothing)
         target_logit = jnp.where(is_target, x, 0.0).sum(-1)
-        confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
-        smoothed = lse - (jnp.where(is_target, confidence, low) * x).sum(-1)  # -sum_v q(v) log p(v)
+        smoothed = lse - (q * x).sum(-1)  # -sum_v q(v) log p(v)
         nll = lse - target_logit
         correct = (target_logit >= x.max(-1)).astype(jnp.float32)
         sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
@@ -101,12 +106,6 @@ def _combine(a: tuple, b: tuple) -> tuple:
     top = jnp.maximum(top_a, top_b)
     rescaled = lambda t, e: e * jnp.where(t == top, 1.0, jnp.exp(t - top))  # noqa: E731 (-inf twice: 1, not nan)
     return top, rescaled(top_a, exp_a) + rescaled(top_b, exp_b), q_a + q_b, target_a + target_b
-
-
-def _q(targets: Array, vocab: int, label_smoothing: float) -> tuple[Array, Array]:
-    """(is the target [..., vocab], the smoothed target distribution q [..., vocab])."""
-    is_target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
-    return is_target, jnp.where(is_target, 1.0 - label_smoothing, label_smoothing / (vocab - 1))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
