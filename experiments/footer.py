@@ -11,10 +11,12 @@ from experiments.rows import FRACTIONS, LATE, Row, more_splits
 def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
     finished = [r for r in recs if r.results]
     first = finished[0].results if finished else {}
+    runs, done = sum(r.seeds_run for r in recs), sum(r.seeds_finished for r in recs)
+    complete = sum(0 < r.seeds_finished == r.seeds_run for r in recs)
     unique = lambda key: sorted({str(getattr(r, key)) for r in recs if getattr(r, key)}) or ["?"]  # noqa: E731
     lines = [
-        f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {len(finished)} of {len(recs)} "
-        f"rows finished; collected {source['collected']}.",
+        f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {done} of {runs} runs finished "
+        f"(every seed of {complete} of {len(recs)} rows); collected {source['collected']}.",
     ]
     if source["origin"] != "run directories":
         lines.append(f"Source: {source['origin']}.")

@@ -39,6 +39,7 @@ class Row:
     changes: str
     state: str
     seeds_run: int
+    seeds_finished: int
     steps: int
     total_steps: int
     ends: dict[int, int]  # each seed's last step (below total_steps where early stopping found a plateau)
@@ -122,6 +123,7 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
         changes=changes(sweep, config, base_config) if run.name != sweep.baseline else "",
         state=state,
         seeds_run=len(reps),
+        seeds_finished=sum(rep["state"] == "finished" for rep in reps),
         steps=results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
         total_steps=total,
         ends=ends,

@@ -164,6 +164,28 @@ def check_configs(ctx: Context, units: list[Replicate], wanted: dict[str, dict])
         say(f"{rep.name}: {key} changed ({old!r} -> {new!r}); moved the old run to {rep.name}.old{n}")
 
 
+class Pace:
+    """The sweep's ETA: the wall time since the first run this invocation worked on began, per run
+    it ended, times the runs left. Runs found finished and skipped take no time and count in
+    neither, or a resumed sweep would read an ETA of seconds."""
+
+    def __init__(self):
+        self.first: float | None = None
+        self.runs = 0
+
+    def began(self, now: float) -> None:
+        self.first = now if self.first is None else self.first
+
+    def ended(self) -> None:
+        self.runs += 1
+
+    def eta(self, left: int, now: float) -> str:
+        """', ETA 1h02m03s' for `left` runs (this one included), or '' before a run ended."""
+        if not self.runs or self.first is None:
+            return ""
+        return f", ETA {duration((now - self.first) / self.runs * left)}"
+
+
 class Runs:
     """The replicates of one `run` verb, launched up to --parallel at a time, each with its own
     backend; SIGTERM or Ctrl-C to the sweep asks every running one to save and stop."""
@@ -174,23 +196,25 @@ class Runs:
         self.code = commit_label()
         self.live: dict[str, Backend] = {}
         self.stopping = threading.Event()
-        self.started, self.done = time.time(), 0
+        self.started, self.pace = time.time(), Pace()
 
     def backend(self) -> Backend:
         args = self.ctx.args
         return backends.backend_for(args, echo=args.parallel == 1, handle_signals=False)
 
     def one(self, i: int, rep: Replicate) -> RowStatus:
-        eta = ""
-        if self.done:
-            eta = f", ETA {duration((time.time() - self.started) / self.done * (len(self.units) - i))}"
+        works = self.ctx.read(rep).state(self.ctx.args.lease_s) != RowStatus.FINISHED
+        if works:
+            self.pace.began(time.time())
+        eta = self.pace.eta(len(self.units) - i, time.time())
         prefix = f"[{i + 1}/{len(self.units)}] {rep.name}"
         backend = self.live[rep.name] = self.backend()
         try:
             return run_row(self.ctx, rep, backend, self.wanted[rep.name], self.code, prefix, eta, self.stopping)
         finally:
             del self.live[rep.name]
-            self.done += 1
+            if works:
+                self.pace.ended()
 
     def all(self) -> dict[str, RowStatus]:
         """Every unit's outcome; raises SweepStopped after a signal, once the running ones stopped."""
@@ -283,7 +307,8 @@ def run_row(
         row = ctx.read(rep)
         state = row.state(args.lease_s)
         if state == RowStatus.FINISHED:
-            say(f"{prefix}: finished (step {total}); skipped")
+            end = row.total_steps or total
+            say(f"{prefix}: finished (step {end}{'' if end == total else f'/{total}, a plateau'}); skipped")
             return state
         if state in (RowStatus.RUNNING, RowStatus.SUBMITTED):
             say(f"{prefix}: {state} by {row.holder(args.lease_s)}; left alone")

@@ -586,7 +586,7 @@ def test_the_plateau_note_leads_with_the_common_criterion_and_names_the_others()
     assert footer.plateau_note([row("base", ""), row("A1", "")]) == ""
 
 
-def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(tmp_path):
+def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(tmp_path, capsys):
     root = tmp_path / "t3"
     args = runner.parser("collect").parse_args(["table3", f"--root={root}", "--profile=mini", "--seeds=3"])
     ctx = Context(args, [])
@@ -612,3 +612,7 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
         "finds no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps "
         "(for base: no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps), and is"
     ) in table
+    reps = ctx.replicates(ctx.sweep.select("base")[0])  # `run` skips them, naming the step each ended at
+    for rep, say in [(reps[0], "finished (step 800/1000, a plateau)"), (reps[1], "finished (step 1000)")]:
+        assert runner.run_row(ctx, rep, None, rep.resolved(()), "c", f"[1/3] {rep.name}", "") == "finished"
+        assert f"[1/3] {rep.name}: {say}; skipped" in capsys.readouterr().err

@@ -182,6 +182,19 @@ def test_first_difference_ignores_fields_only_one_side_has():
     assert runner.first_difference(old, {"model": {"d_k": 16, "d_v": 16, "new": 1}, "seed": 0}) is None
 
 
+def test_a_resumed_sweeps_eta_is_paced_by_the_runs_it_worked_on():
+    """Runs found finished are skipped in no time: the ETA is the wall time per run that this
+    invocation trained, times the runs left, not zero because 37 were skipped first."""
+    pace = runner.Pace()
+    assert pace.eta(25, 100.0) == ""  # nothing ended yet: no ETA
+    pace.began(100.0)
+    pace.began(160.0)  # a second run in parallel: the clock started with the first
+    pace.ended()
+    assert pace.eta(4, 700.0) == ", ETA 40m00s"  # (700 - 100) s per run x 4 runs
+    pace.ended()
+    assert pace.eta(3, 1300.0) == ", ETA 30m00s"  # 1200 s for two runs x 3
+
+
 @pytest.mark.slow
 def test_a_lease_holds_a_row_until_its_heartbeat_is_stale_or_its_process_is_gone(tmp_path):
     workdir = paths.Workdir(tmp_path / "row")
@@ -308,7 +321,8 @@ def test_collect_on_a_partial_sweep_and_plot(smoke):
     others = [r for r in rows if r["row"] not in ("base", "B1", "E")]
     assert {r["state"] for r in others} == {"pending"} and {r["dev PPL ours"] for r in others} == {""}
     table = (root / "results" / "table.md").read_text()
-    assert "nrefs:1|case:mixed" in table and "beam 4, alpha 0.6" in table and "3 of 20 rows finished" in table
+    assert "nrefs:1|case:mixed" in table and "beam 4, alpha 0.6" in table
+    assert "3 of 20 runs finished (every seed of 3 of 20 rows)" in table
     assert "global batch 256 tokens" in table and "Devices: 1" in table
     assert (root / "results" / "records.jsonl.gz").exists()  # the raw records the table was built from
 
