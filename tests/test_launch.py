@@ -6,7 +6,9 @@ them with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_launch.py` and r
 """
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 from conftest import TINY, env_with_devices, left_as_is, logged, run_train
 
 from experiments import __main__ as experiments_main
+from experiments.backends import local
 from fxformer import exitcodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -235,6 +238,22 @@ def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data
         assert a[step] == pytest.approx(b[step], rel=1e-5), step
     for i in range(2):
         assert "fxformer.train" in (workdir / "logs" / f"process_{i}" / "worker.log").read_text()
+
+
+def test_the_coordinator_port_is_free_and_outside_the_kernels_ephemeral_range():
+    """bind(0)'s ports come from the ephemeral range, where any outgoing connection can take the
+    port between the choice and the coordinator's bind; the local backend's come from outside it."""
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for seed in range(20):
+        port = local.free_port(rng=random.Random(seed))
+        assert 10000 <= port <= 65535 and not low <= port <= high, port
+    first = local.free_port(rng=random.Random(7))
+    with socket.socket() as busy:  # the port that seed picks first is taken now: the next one is given
+        busy.bind(("127.0.0.1", first))
+        again = local.free_port(rng=random.Random(7))
+        assert again != first and not low <= again <= high
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", again))
 
 
 def local_launch_args(workdir, data_dir, **overrides) -> list[str]:

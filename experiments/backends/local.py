@@ -4,6 +4,7 @@ offline stand-in for a pod (each process is `python -m experiments.worker`)."""
 from __future__ import annotations
 
 import argparse
+import random
 import shlex
 import signal
 import socket
@@ -94,7 +95,29 @@ class Local:
         pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(tries: int = 100, rng: random.Random | None = None) -> int:
+    """A port for the coordinator, free now and outside the kernel's ephemeral range: a port that
+    bind(0) handed out (the usual way) is closed before the coordinator binds it, and in between
+    any process's outgoing connection or bind(0) can take it (two-process launches beside busy
+    tests failed so, now and then); a port below that range only another explicit bind can take."""
+    low, high = 32768, 60999  # Linux's default range, where the kernel does not say
+    if EPHEMERAL.exists():
+        low, high = (int(n) for n in EPHEMERAL.read_text().split())
+    spans = [span for span in ((10000, low - 1), (high + 1, 65535)) if span[1] - span[0] >= 1000]
+    rng = rng or random.Random()
+    if not spans:  # a kernel whose ephemeral range leaves no room: the usual way
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for _ in range(tries):
+        port = rng.randint(*rng.choice(spans))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise UserError(f"no free port for the coordinator in {tries} tries; give one with --port.")

@@ -3,22 +3,26 @@
 # beside what-if variants (experiments/gpu/diag.py, config flags, XLA flags), one process after
 # another; then the whole test suite on the GPU with the time left. Run from the repository root
 # with the wheels of experiments/gpu/wheels.txt in .whl/. Output: $OUT/bench.jsonl, benches.log, pytest.log.
-# Environment: LIMIT (s), STEPS, TESTS (pytest paths), SKIP_INSTALL, SKIP_BENCHES, SKIP_TESTS.
+# Environment: LIMIT (s), STEPS, BENCHES (names, default all), TESTS (pytest paths), SKIP_INSTALL,
+# SKIP_BENCHES, SKIP_TESTS. With 15 minutes of device time a session, one call does both:
+#   BENCHES="head one_pass_loss head_again" LIMIT=480 bash experiments/gpu/h100-diag.sh   (carry .whl)
 LIMIT=${LIMIT:-570} BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 source experiments/gpu/lib.sh
 BASE="--config=configs/base.py --config.model.dtype=bfloat16 --config.model.attention_impl=cudnn --steps=${STEPS:-20} --decode_batch=0 --json"
 B="python3 -m fxformer.bench"; D="python3 experiments/gpu/diag.py"
-if [ -z "$SKIP_BENCHES" ]; then  # SKIP_BENCHES=1: the tests alone, with the whole call's time
-bench head "X=1" $B $BASE
-bench mask_heads_1 "X=1" $D mask_heads_1 $BASE
-bench no_mask "X=1" $D no_mask $BASE
-bench one_pass_loss "X=1" $D one_pass_loss $BASE
-bench no_dropout "X=1" $B $BASE --config.model.dropout_rate=0
-bench triton_gemm_off "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false" $B $BASE
-bench batch_2x "X=1" $B $BASE --config.data.tokens_per_batch=50000
-bench head_again "X=1" $B $BASE
-summary
-fi
+ALL="head mask_heads_1 no_mask one_pass_loss no_dropout triton_gemm_off batch_2x head_again"
+[ -n "$SKIP_BENCHES" ] && BENCHES=""  # SKIP_BENCHES=1: the tests alone, with the whole call's time
+for name in ${BENCHES-$ALL}; do  # BENCHES="head one_pass_loss head_again": those alone, in that order
+  case $name in
+    head|head_again) bench $name "X=1" $B $BASE ;;
+    mask_heads_1|no_mask|one_pass_loss) bench $name "X=1" $D $name $BASE ;;
+    no_dropout) bench $name "X=1" $B $BASE --config.model.dropout_rate=0 ;;
+    triton_gemm_off) bench $name "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false" $B $BASE ;;
+    batch_2x) bench $name "X=1" $B $BASE --config.data.tokens_per_batch=50000 ;;
+    *) echo "unknown bench $name (one of: $ALL)"; exit 2 ;;
+  esac
+done
+[ -s $OUT/bench.jsonl ] && summary
 left=$(( LIMIT - ($(date +%s) - start) ))
 echo "=== pytest with ${left} s left"
 if [ $left -gt 60 ] && [ -z "$SKIP_TESTS" ]; then
