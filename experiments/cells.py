@@ -54,7 +54,8 @@ def t_cell(rec: Row, m: str) -> str:
 
 
 def share(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.0f}%"
+    """0.2 -> '20%'; a small negative share is '0%', not '-0%'."""
+    return "" if value is None else f"{round(100 * value)}%"
 
 
 def first_metric(sweep) -> str:
@@ -168,9 +169,9 @@ def convergence_columns(m1: str) -> list[Column]:
 
 
 def steps_cell(r: Row) -> str:
-    """'1000/1000'; where seeds ended early at a plateau, their range and how many:
-    '2400-3600/6000, 3 of 3 at a plateau'."""
-    if not r.criterion or not r.ends or min(r.ends.values()) >= r.total_steps:
+    """'1000/1000' without early stopping; with it, the finished seeds' last steps and how many
+    ended at a plateau: '2400-3600/6000, 3 of 3 at a plateau', '3000/3000, 0 of 3 at a plateau'."""
+    if not r.criterion or not r.ends:
         return f"{r.steps}/{r.total_steps}"
     low, high = min(r.ends.values()), max(r.ends.values())
     span = f"{low}" if low == high else f"{low}-{high}"

@@ -130,32 +130,36 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
     clip = (lambda v: v) if limit is None else (lambda v: v if v is None else max(-limit, min(limit, v)))  # noqa: E731
     shown = [tuple(clip(v) for v in o) for o in ours]
     values = [o[0] for o in shown]
-    low = [0 if o[0] is None or o[1] is None else o[0] - o[1] for o in shown]
-    high = [0 if o[0] is None or o[2] is None else o[2] - o[0] for o in shown]
     y_ours, y_paper = [p - 0.2 for p in places], [p + 0.2 for p in places]
-    ax.barh(
-        y_ours,
-        [v or 0 for v in values],
-        height=0.4,
-        color="tab:blue",
-        xerr=[low, high],
-        capsize=2,
-        error_kw={"linewidth": 0.8},
-        label=f"ours ({profile}), 95% CI",
-    )
+    drawn = ax.barh(y_ours, [v or 0 for v in values], height=0.4, color="tab:blue", label=f"ours ({profile}), 95% CI")
+    with_ci = [(y, o) for y, o in zip(y_ours, shown) if None not in o]
+    if with_ci:
+        ax.errorbar(
+            [o[0] for _, o in with_ci],
+            [y for y, _ in with_ci],
+            xerr=[[o[0] - o[1] for _, o in with_ci], [o[2] - o[0] for _, o in with_ci]],
+            fmt="none",
+            ecolor="black",
+            elinewidth=0.8,
+            capsize=2,
+        )
+    for patch, o in zip(drawn.patches, shown):  # one seed: no interval; the bar hatched, not given one of width 0
+        if o[0] is not None and None in o:
+            patch.set(facecolor="white", edgecolor="tab:blue", hatch="////")
     ax.barh(y_paper, [clip(v) or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
     for y, (value, lo, hi), original in zip(y_ours, shown, ours):
         end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
-        bar_label(ax, y, original[0], end, cut=original != (value, lo, hi))  # the bar or its interval cut
+        one = " (1 seed)" if value is not None and None in (lo, hi) else ""
+        bar_label(ax, y, original[0], end, cut=original != (value, lo, hi), note=one)  # the bar or interval cut
     for y, value in zip(y_paper, paper):
         bar_label(ax, y, value, clip(value), cut=clip(value) != value)
 
 
-def bar_label(ax, y: float, value: float | None, end: float | None, cut: bool = False) -> None:
+def bar_label(ax, y: float, value: float | None, end: float | None, cut: bool = False, note: str = "") -> None:
     if value is None:
         return
     ax.annotate(
-        f"{'« ' if cut and value < 0 else ''}{value:+.1f}%{' »' if cut and value >= 0 else ''}",
+        f"{'« ' if cut and value < 0 else ''}{value:+.1f}%{note}{' »' if cut and value >= 0 else ''}",
         (end, y),
         xytext=(3 if end >= 0 else -3, 0),
         textcoords="offset points",

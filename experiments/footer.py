@@ -58,8 +58,9 @@ def statistics_note(sweep) -> str:
     return (
         f"Statistics: n seeds per row; Δ = mean over the seeds k both have of (row seed k - {sweep.baseline} seed k), "
         f"shown beside '{sweep.baseline}, matched', the mean of those {sweep.baseline} seeds, so that a row's mean "
-        f"minus its matched {sweep.baseline} is Δ (the {sweep.baseline} row's own mean is over all of its seeds, "
-        f"including those no row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
+        f"minus its matched {sweep.baseline} is Δ where each of the row's seeds has its {sweep.baseline} seed (as "
+        f"in a finished sweep; the {sweep.baseline} row's own mean is over all of its seeds, including those no "
+        f"row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
         f"sqrt(pairs). Ours is a direction where a two-sided paired t-test on those differences (scipy.stats."
         f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}, a tie otherwise."
     )
@@ -90,9 +91,11 @@ def convergence_note(sweep, recs: list[Row]) -> str:
     return (
         f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
         f"improvement (from its first dev evaluation to its last) made in the last {share(LATE)} of its training "
-        f"steps, mean over seeds: 0% had levelled off, {share(LATE)} or more was improving as fast as ever. The "
-        f"{m1} direction is judged again (the same test, the same reference) at each run's last dev evaluation at "
-        f"or before {', '.join(fraction(f) for f in FRACTIONS)} of its steps."
+        f"steps, mean over seeds: 0% had levelled off, {share(LATE)} or more was improving as fast as ever, "
+        f"below 0 ended worse than it was at {share(1 - LATE)} of its steps. The {m1} direction is judged again "
+        f"(the same test, the same reference) at each run's last dev evaluation at or before "
+        f"{', '.join(fraction(f) for f in FRACTIONS)} of its own steps (to where early stopping ended it, else "
+        f"the cap). Runs whose training is over only."
     )
 
 
@@ -122,11 +125,14 @@ def count_line(recs: list[Row], m: str) -> str | None:
     rows = [r for r in judged if not r.pilot]
     counted = [r for r in rows if r.direction[m] in COUNTED]
     verdicts = [r.direction[m] for r in counted]
-    if not counted and rows:
+    if rows and all(r.direction[m].startswith("1 seed") for r in rows):
         agree = sum(r.direction[m].endswith("agree") and "disagree" not in r.direction[m] for r in rows)
         return f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(rows)}."
-    if not counted:
+    if not rows:
         return None
+    if not counted:
+        beyond = "a paper difference beyond its noise"
+        return f"{m.upper()} direction as the paper's: no row has 2 or more paired seeds and {beyond}."
     text = (
         f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "
         f"agree, {verdicts.count('tie')} tie, {verdicts.count('disagree')} disagree, of the {len(counted)} rows with "

@@ -110,8 +110,8 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
     state = states[0] if len(set(states)) == 1 else ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     info = reps[0]["run_info"] if reps else {}
     total = config["num_train_steps"]
-    ends = {rep["seed"]: rep["step"] for rep in reps if rep.get("step")}
-    curves = dev_curves(reps, "dev_ppl")
+    ends = {rep["seed"]: rep["step"] for rep in trained(reps) if rep.get("step")}
+    curves = dev_curves(trained(reps), "dev_ppl")
     shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, ends.get(k) or total, LATE)) is not None}
     more = {s: figures(sweep, reps, s) for s in more_splits(sweep)}
     for s, figs in more.items():  # the first evaluation of that split, for the footer's sentence count
@@ -175,6 +175,13 @@ def figures(sweep, reps: list[dict], split: str) -> Figures:
     )
 
 
+def trained(reps: list[dict]) -> list[dict]:
+    """The replicates whose training is over (finished, or trained and not yet evaluated on every
+    split): the convergence columns and the steps are theirs alone (a running seed's curve is
+    not yet a run's)."""
+    return [rep for rep in reps if rep["state"] in ("finished", "trained")]
+
+
 def dev_curves(reps: list[dict], key: str) -> dict[int, dict[int, float]]:
     """{seed: {step: value}} of the replicates' learning curves of `key` (those that have one)."""
     out = {}
@@ -216,23 +223,28 @@ def judge(test: stats.Paired, reference: int | None) -> str:
 
 
 def along(sweep, rec: Row, base: Row | None, reps: list[dict], base_reps: list[dict]) -> list[str]:
-    """The first metric's direction against the reference's at each of FRACTIONS of the steps,
-    from the dev curves (the last evaluation at or before it, paired by seed); [] without curves."""
+    """The first metric's direction against the reference's at each of FRACTIONS of each run's own
+    steps (where early stopping ended it, else the cap), from the trained runs' dev curves (the
+    last evaluation at or before it, paired by seed); [] without curves."""
     metric = next(iter(sweep.metrics))
-    row_curves, base_curves = dev_curves(reps, f"dev_{metric}"), dev_curves(base_reps, f"dev_{metric}")
+    row_curves = dev_curves(trained(reps), f"dev_{metric}")
+    base_curves = dev_curves(trained(base_reps), f"dev_{metric}")
     if base is None or rec is base or not row_curves or not base_curves:
         return []
     reference = stats.reference_sign(rec.delta_paper[metric], base.paper[metric], sweep.noise.get(metric, {}))
     out = []
     for f in FRACTIONS:
-        ours, theirs = at_fraction(row_curves, rec.total_steps, f), at_fraction(base_curves, base.total_steps, f)
+        ours = at_fraction(row_curves, rec.ends, rec.total_steps, f)
+        theirs = at_fraction(base_curves, base.ends, base.total_steps, f)
         out.append(judge(stats.paired(ours, theirs), reference) or "?")
     return out
 
 
-def at_fraction(curves: dict[int, dict[int, float]], total_steps: int, f: float) -> dict[int, float]:
-    """{seed: its curve's value at the last point at or before f x total_steps} (seeds that have one)."""
-    return {k: v for k, c in curves.items() if (v := stats.at_fraction(c, total_steps, f)) is not None}
+def at_fraction(curves: dict[int, dict[int, float]], ends: dict[int, int], cap: int, f: float) -> dict[int, float]:
+    """{seed: its curve's value at the last point at or before f x its own last step (`ends`, else
+    the cap)} for the seeds that have one: a run that early stopping ended at step 700 is judged
+    at 175 and 350, not at its end for every fraction past 700."""
+    return {k: v for k, c in curves.items() if (v := stats.at_fraction(c, ends.get(k) or cap, f)) is not None}
 
 
 def changes(sweep, config: dict, base: dict) -> str:

@@ -21,7 +21,10 @@ def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     """(mean, sample standard deviation); sd is None for fewer than two values, both for none."""
     if not values:
         return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+    if len(values) < 2:
+        return statistics.fmean(values), None
+    mean = statistics.fmean(values)  # the sd by its formula: statistics.stdev raises on a NaN (a diverged run)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,7 @@ def sign(test: Paired, alpha: float = ALPHA) -> int | None:
     """+1 or -1 where the paired t-test gives p < alpha, 0 for a tie, None where it cannot be said."""
     if test.mean is None or test.p is None:
         return None
-    if test.p >= alpha:
+    if not test.p < alpha:  # a NaN p (a diverged run's NaN) is no evidence either: a tie
         return 0
     return 1 if test.mean > 0 else -1
 

@@ -27,6 +27,7 @@ from test_sweep import LONGER, experiments, losses, started_until_checkpoint, st
 
 from experiments import __main__ as experiments_main
 from experiments import cells, footer, records, report, runner, stats
+from experiments import rows as rows_module
 from experiments.context import Context, Replicate
 from experiments.rows import gather
 from fxformer import exitcodes, optim, trainstate
@@ -586,6 +587,43 @@ def test_the_plateau_note_leads_with_the_common_criterion_and_names_the_others()
     assert footer.plateau_note([row("base", ""), row("A1", "")]) == ""
 
 
+def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_trained_runs(tmp_path):
+    """A run that early stopping ended at step 400 is judged at 100 and 200 (1/4, 1/2 of its own
+    steps), not at its end for every fraction past 400; a seed still training adds no curve, no
+    end and no share until its training is over."""
+    curves = {
+        0: {s: 10.0 - s / 100 for s in range(100, 401, 100)},
+        1: {s: 20.0 - s / 100 for s in range(100, 1001, 100)},
+    }
+    assert rows_module.at_fraction(curves, {0: 400, 1: 1000}, 1000, 0.25) == {0: 9.0, 1: 18.0}  # steps 100, 200
+    assert rows_module.at_fraction(curves, {0: 400, 1: 1000}, 1000, 0.5) == {0: 8.0, 1: 15.0}  # steps 200, 500
+    assert rows_module.at_fraction(curves, {}, 1000, 0.5) == {0: 6.0, 1: 15.0}  # no ends known: the cap's 500
+
+    ctx = fake_mini_sweep(tmp_path / "t3")
+    stopped = ctx.workdir(Replicate(ctx.sweep.select("A1")[0], 2))
+    shutil.rmtree(Path(stopped) / "eval")  # seed 2 of A1 trained on (its curve is there) but is not finished
+    rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
+    assert rows["A1"].state == "1 stopped, 2 trained"  # A1's runs have no test evaluation yet
+    assert set(rows["A1"].ends) == {0, 1} and set(rows["A1"].late_share_seeds) == {0, 1}
+    assert rows["C1"].ends.keys() == rows["C1"].late_share_seeds.keys() == {0, 1, 2}
+
+
+def test_shares_spreads_and_the_headline_in_corner_cases():
+    assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
+    mean, sd = stats.mean_sd([float("nan"), 1.0])  # a diverged seed's NaN is shown, not a crash
+    assert math.isnan(mean) and math.isnan(sd)
+    assert stats.sign(stats.Paired(mean=1.0, pairs=3, p=float("nan"))) == 0  # no evidence: a tie
+    assert stats.mean_sd([1.0, 2.0, 4.0])[1] == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1))
+    row = lambda name, verdict: types.SimpleNamespace(row=name, pilot=False, direction={"ppl": verdict})  # noqa: E731
+    assert footer.count_line([row("A1", "1 seed: agree"), row("A2", "1 seed: paper tie")], "ppl") == (
+        "PPL direction as the paper's (single seeds, no spread): 1 of 2."
+    )
+    two_seed_ties = [row("A1", "1 seed: agree"), row("A3", "paper tie, ours tie")]
+    assert "no row has 2 or more paired seeds and a paper difference beyond its noise" in footer.count_line(
+        two_seed_ties, "ppl"
+    )
+
+
 def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(tmp_path, capsys):
     root = tmp_path / "t3"
     args = runner.parser("collect").parse_args(["table3", f"--root={root}", "--profile=mini", "--seeds=3"])
@@ -606,7 +644,7 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select("base,A1,A2"))}
     assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
     assert cells.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
-    assert cells.steps_cell(rows["A1"]) == "1000/1000"
+    assert cells.steps_cell(rows["A1"]) == "1000/1000, 0 of 3 at a plateau"  # a criterion, and every seed at the cap
     table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
     assert (
         "finds no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps "
