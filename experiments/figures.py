@@ -16,7 +16,7 @@ import math
 import re
 
 from experiments.context import Context
-from experiments.rows import Row, dev_curves, gather
+from experiments.rows import Row, dev_curves, gather, trained
 from fxformer import exitcodes, png
 
 
@@ -278,8 +278,9 @@ def marker_overlap(box, point, radius: float = 4.0) -> float:
 
 
 def band(reps: list[dict], key: str = "dev_ppl") -> tuple[list[int], list[float], list[float], list[float]]:
-    """A row's learning curve over its seeds: (steps every seed logged, mean, min, max)."""
-    curves = list(dev_curves(reps, key).values())
+    """A row's learning curve over its seeds whose training is over: (the steps every one of them
+    logged, so up to where the first ended; mean, min, max)."""
+    curves = list(dev_curves(trained(reps), key).values())
     if not curves:
         return [], [], [], []
     steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -312,6 +313,7 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): dev perplexity during training (mean over seeds, band: min-max)")
+    what = "dev perplexity during training (mean over seeds, to where the first ended; band: min-max)"
+    fig.suptitle(f"{sweep.name} ({ctx.profile}): {what}")
     fig.tight_layout()
     return png.save(fig, path)

@@ -27,6 +27,7 @@ from test_sweep import LONGER, experiments, losses, started_until_checkpoint, st
 
 from experiments import __main__ as experiments_main
 from experiments import cells, footer, records, report, runner, stats
+from experiments import figures as sweep_figures
 from experiments import rows as rows_module
 from experiments.context import Context, Replicate
 from experiments.rows import gather
@@ -606,6 +607,16 @@ def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_traine
     assert rows["A1"].state == "1 stopped, 2 trained"  # A1's runs have no test evaluation yet
     assert set(rows["A1"].ends) == {0, 1} and set(rows["A1"].late_share_seeds) == {0, 1}
     assert rows["C1"].ends.keys() == rows["C1"].late_share_seeds.keys() == {0, 1, 2}
+
+
+def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_ended():
+    curve = lambda start, steps: [{"step": s, "dev_ppl": start - s / 100} for s in steps]  # noqa: E731
+    reps = [
+        {"seed": 0, "state": "finished", "curve": curve(10.0, (100, 200, 300))},
+        {"seed": 1, "state": "trained", "curve": curve(12.0, (100, 200))},  # ended at 200 (early stopping)
+        {"seed": 2, "state": "running", "curve": curve(50.0, (100,))},  # still training: not in the curve yet
+    ]
+    assert sweep_figures.band(reps) == ([100, 200], [10.0, 9.0], [9.0, 8.0], [11.0, 10.0])
 
 
 def test_shares_spreads_and_the_headline_in_corner_cases():
