@@ -7,7 +7,7 @@
 
     plan     a sweep's rows, commands and table, e.g. `plan table3 --profile=mini`
     run      run a sweep's rows (resumable): `run table3 --root=R --profile=mini [--only=A*,base] [--seeds=3]`
-    status   per row and seed: state, step / total, attempts, ETA
+    status   per row and seed: state, step / total, attempts, ETA; the time the sweep has left
     collect  the results table beside the paper's (markdown, CSV, JSON), with mean, sd and paired differences
     plot     PNG figures of the results, with error bars
     restore  a sweep moved to a new machine: its finished runs from the committed records (no checkpoints)

@@ -87,6 +87,7 @@ class RowState:
     status: dict = field(default_factory=dict)
     checkpoint_steps: list[int] = field(default_factory=list)
     logged_step: int = 0  # the last step in metrics.jsonl
+    wall_s: float | None = None  # the training wall time metrics.jsonl's last line gives
     results: dict | None = None  # fxformer.evaluate's JSON for the final step, if written
     config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
@@ -167,6 +168,7 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
         row.early_end = plateau or row.status.get("early_end")  # or, restored from records, what they told
     row.checkpoint_steps = w.checkpoint_steps()
     row.logged_step = logged[-1]["step"] if logged else 0
+    row.wall_s = logged[-1].get("wall_s") if logged else None
     total = row.total_steps
     if total is not None:
         result = w.eval_result(eval_split, [total])

@@ -609,6 +609,23 @@ def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_traine
     assert rows["C1"].ends.keys() == rows["C1"].late_share_seeds.keys() == {0, 1, 2}
 
 
+def test_status_says_how_long_the_unfinished_runs_will_take(tmp_path, capsys):
+    """A run not yet running takes its row's median training time so far (C1's seeds took 400 s),
+    else the median of every finished run (200 s, A2's three seeds); a run trained but not yet
+    evaluated (A1's, no test evaluation) takes none."""
+    root = tmp_path / "t3"
+    ctx = fake_mini_sweep(root)
+    for k in (0, 1):
+        metrics = root / f"C1{'' if k == 0 else f'.s{k}'}" / "metrics.jsonl"
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**x, "wall_s": 2 * x["wall_s"]}) + "\n" for x in lines))
+    shutil.rmtree(Path(ctx.workdir(Replicate(ctx.sweep.select("C1")[0], 2))) / "eval")  # C1.s2: to train again
+    args = ["status", "table3", f"--root={root}", "--seeds=3", "--only=base,A1,A2,C1,D1"]
+    assert experiments_main.main(args) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("8 finished, 3 pending, 1 stopped, 3 trained; about 16m40s left, 1 at a time"), last
+
+
 def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_ended():
     curve = lambda start, steps: [{"step": s, "dev_ppl": start - s / 100} for s in steps]  # noqa: E731
     reps = [
