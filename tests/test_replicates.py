@@ -504,6 +504,8 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
     result = experiments("run", "table3", f"--root={root}", "--only=B1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "B1: finished (step 30); skipped" in result.stderr
+    resumed = next(line for line in result.stderr.splitlines() if "B1.s1: resume from step" in line)
+    assert "ETA" not in resumed, resumed  # the run skipped before it paces nothing (it made this 'ETA 0m00s')
     assert f"B1.s1: resume from step {stopped_at}" in result.stderr
     assert json.loads((root / "B1.s1" / "sweep.json").read_text())["attempts"] == 2
     assert json.loads((root / "B1" / "sweep.json").read_text())["attempts"] == 1
@@ -607,6 +609,14 @@ def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_traine
     assert rows["A1"].state == "1 stopped, 2 trained"  # A1's runs have no test evaluation yet
     assert set(rows["A1"].ends) == {0, 1} and set(rows["A1"].late_share_seeds) == {0, 1}
     assert rows["C1"].ends.keys() == rows["C1"].late_share_seeds.keys() == {0, 1, 2}
+    # the directions along training pair the seeds whose training is over: one, while the other runs
+    curve = lambda start: [{"step": s, "dev_ppl": start - s / 1000} for s in range(100, 1001, 100)]  # noqa: E731
+    base_reps = [{"seed": k, "state": "finished", "curve": curve(3.0)} for k in (0, 1)]
+    reps = [{"seed": 0, "state": "finished", "curve": curve(3.1)}, {"seed": 1, "state": "running", "curve": curve(3.2)}]
+    along = lambda: rows_module.along(ctx.sweep, rows["A1"], rows["base"], reps, base_reps)  # noqa: E731
+    assert all(v.startswith("1 seed") for v in along())
+    reps[1]["state"] = "trained"
+    assert not any(v.startswith("1 seed") for v in along())  # two pairs now: the t-test's verdicts
 
 
 def test_status_says_how_long_the_unfinished_runs_will_take(tmp_path, capsys):

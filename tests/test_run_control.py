@@ -193,6 +193,7 @@ def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_
     assert list(ppl) == [2, 4, 6]
     assert paths.Workdir(workdir).early_end("dev_ppl", 2, min_delta=0.99) == 6
     kept = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
+    assert min(ppl, key=ppl.get) != 2  # the 99% rule's one improvement is step 2: a lower point later tells them apart
     assert kept == [min(ppl, key=ppl.get)]  # model selection still takes any lower perplexity
 
 

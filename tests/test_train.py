@@ -61,7 +61,7 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored(impl):
     vocab, eps = 7, 0.1
     logits = rng.normal(size=(2, 5, vocab)).astype(np.float32) * 3
     targets = np.array([[4, 5, 6, 3, 0], [1, 3, 0, 0, 0]])
-    logits[0, 0, 4] = logits[1, 1, 3] = logits[1, 2, 2] = 20.0  # two right guesses, one at a pad
+    logits[0, 0, 4] = logits[1, 1, 3] = logits[1, 2, 0] = 20.0  # two right guesses, and a third at a pad
     weights = (targets != 0).astype(np.float32)
     sums = LOSSES[impl](jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), eps)
     loss = nll = 0.0
@@ -77,6 +77,7 @@ def test_label_smoothed_loss_equals_numpy_with_pads_ignored(impl):
     assert float(sums["tokens"]) == count == 6
     assert float(sums["loss"]) / count == pytest.approx(loss / count, rel=1e-5)
     assert float(sums["nll"]) / count == pytest.approx(nll / count, rel=1e-5)
+    assert (logits.argmax(-1) == targets).sum() >= 3  # the pad's guess is right too: weights must leave it out
     right = (logits.argmax(-1) == targets) & (targets != 0)
     assert right.sum() == 2 and float(sums["correct"]) == 2
 
