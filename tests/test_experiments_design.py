@@ -80,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return next((cycle for module in sorted(graph) if module not in done and (cycle := visit([module]))), None)
 
 
-UPWARD = {f"experiments.{m}" for m in ("launch", "runner", "report", "context", "__main__")}
+UPWARD = {f"experiments.{m}" for m in ("launch", "runner", "report", "status", "context", "__main__")}
 
 
 # The tables and figures, bottom up: a row's record, its cells, the footer, the report; the figures
@@ -90,12 +90,14 @@ TABLES = [f"experiments.{m}" for m in ("rows", "cells", "footer", "report", "fig
 
 def forbidden(module: str) -> set[str]:
     """What `module` may not import: nothing imports __main__, backends sit below the verbs,
-    and the tables (rows <- cells <- footer <- report; figures) below the runner."""
+    and the tables (rows <- cells <- footer <- report; figures) and status below the runner."""
     banned = {"experiments.__main__"}
     if module == "experiments.backends" or module.startswith("experiments.backends."):
         banned |= UPWARD
     if module in TABLES:
         banned |= {"experiments.runner", *TABLES[TABLES.index(module) :]} - {module}
+    if module == "experiments.status":  # a verb beside the tables, below the runner
+        banned |= {"experiments.runner", *TABLES}
     return banned
 
 
