@@ -88,11 +88,7 @@ def check_writable(directory: PathLike, why: str) -> None:
     made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     probe = path / f".fxformer-probe-{socket.gethostname()}-{os.getpid()}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 65536)  # a few blocks: a disk with a few bytes left is full for a checkpoint
-            f.flush()
-            os.fsync(f.fileno())
+        write_probe(path, probe)
     except OSError as e:
         reason = unwritable(e) or e.strerror or type(e).__name__
         raise UserError(
@@ -102,8 +98,27 @@ def check_writable(directory: PathLike, why: str) -> None:
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
-            for created in made:
-                created.rmdir()
+        for created in made:  # one that is not empty (another process's probe or run) stays
+            with contextlib.suppress(OSError):
+                os.rmdir(str(created))
+
+
+def write_probe(path: epath.Path, probe: epath.Path, tries: int = 5) -> None:
+    """Make `path` and write `probe` in it, flushed to the disk. The processes of one launch probe
+    the same new workdir at once: another one's clean-up can remove the directory between this
+    one's mkdir and its write (or between the two mkdirs of parents=True), so a directory that
+    vanishes or appears in between is made again."""
+    for attempt in range(tries):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 65536)  # a few blocks: a disk with a few bytes left is full for a checkpoint
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        except (FileNotFoundError, FileExistsError):
+            if attempt == tries - 1:
+                raise
 
 
 def split_lines(data: bytes, where: str) -> list[str]:

@@ -172,3 +172,31 @@ def test_plateau_counts_restart_only_at_an_improvement_by_the_smallest_share():
     assert paths.plateau_counts(bleu, higher=True) == [0, 0, 0, 1, 0]
     assert paths.plateau_counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
     assert paths.plateau_counts([], higher=False) == []
+
+
+PROBES = """
+import sys, time
+from fxformer import paths
+base, start = sys.argv[1], float(sys.argv[2])
+for r in range(40):  # 40 new workdirs, each probed by every process at the same moment
+    while time.time() < start + 0.05 * r:
+        pass
+    paths.check_writable(f"{base}/w{r}/run", "a test writes")
+"""
+
+
+def test_the_processes_of_one_launch_probe_one_new_workdir_at_once(tmp_path):
+    """Every process of a launch checks that the new workdir is writable, at the same moment:
+    one's clean-up met another's probe (epath's rmdir raised ValueError: a traceback, CI
+    2026-11-26) or removed the directory between another's mkdir and its write (a false 'Cannot
+    write to ... (No such file or directory)'). Four processes, 40 workdirs: none fails."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.time() + 5  # after every process has imported fxformer.paths
+    argv = [sys.executable, "-c", PROBES, str(tmp_path), str(start)]
+    processes = [subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for process in processes:
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
