@@ -169,8 +169,9 @@ def convergence_columns(m1: str) -> list[Column]:
 
 
 def steps_cell(r: Row) -> str:
-    """'1000/1000' without early stopping; with it, the finished seeds' last steps and how many
-    ended at a plateau: '2400-3600/6000, 3 of 3 at a plateau', '3000/3000, 0 of 3 at a plateau'."""
+    """'1000/1000' without early stopping; with it, the last steps of the seeds whose training is
+    over and how many of them ended at a plateau: '2400-3600/6000, 3 of 3 at a plateau',
+    '3000/3000, 0 of 3 at a plateau'."""
     if not r.criterion or not r.ends:
         return f"{r.steps}/{r.total_steps}"
     low, high = min(r.ends.values()), max(r.ends.values())

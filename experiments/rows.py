@@ -43,7 +43,7 @@ class Row:
     steps: int
     total_steps: int
     ends: dict[int, int]  # each seed's last step (below total_steps where early stopping found a plateau)
-    plateaued: int  # finished seeds that early stopping ended before total_steps
+    plateaued: int  # seeds whose training is over that early stopping ended before total_steps
     criterion: str  # the plateau criterion ("" without early stopping)
     params: int | None
     devices: str | None
@@ -127,7 +127,7 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
         steps=results["checkpoint_steps"][-1] if results.get("checkpoint_steps") else reps[0]["step"] if reps else 0,
         total_steps=total,
         ends=ends,
-        plateaued=sum(rep["state"] == "finished" and 0 < rep["step"] < total for rep in reps),
+        plateaued=sum(0 < rep["step"] < total for rep in trained(reps)),
         criterion=plateau_criterion(config),
         params=results.get("num_params") or info.get("num_params"),
         devices=info.get("devices"),
