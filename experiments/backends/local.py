@@ -101,8 +101,9 @@ EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 def free_port(tries: int = 100, rng: random.Random | None = None) -> int:
     """A port for the coordinator, free now and outside the kernel's ephemeral range: a port that
     bind(0) handed out (the usual way) is closed before the coordinator binds it, and in between
-    any process's outgoing connection or bind(0) can take it (two-process launches beside busy
-    tests failed so, now and then); a port below that range only another explicit bind can take."""
+    any process's outgoing connection or bind(0) can take it; a port outside that range only
+    another explicit bind can take. (A hardening: the two-process launches that failed now and
+    then beside busy tests failed in `paths.check_writable`, not here.)"""
     low, high = 32768, 60999  # Linux's default range, where the kernel does not say
     if EPHEMERAL.exists():
         low, high = (int(n) for n in EPHEMERAL.read_text().split())
