@@ -130,6 +130,7 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
     clip = (lambda v: v) if limit is None else (lambda v: v if v is None else max(-limit, min(limit, v)))  # noqa: E731
     shown = [tuple(clip(v) for v in o) for o in ours]
     values = [o[0] for o in shown]
+    alone = [o[0] is not None and None in o for o in shown]  # one seed: a value without an interval
     y_ours, y_paper = [p - 0.2 for p in places], [p + 0.2 for p in places]
     drawn = ax.barh(y_ours, [v or 0 for v in values], height=0.4, color="tab:blue", label=f"ours ({profile}), 95% CI")
     with_ci = [(y, o) for y, o in zip(y_ours, shown) if None not in o]
@@ -143,14 +144,14 @@ def bars(ax, places: list[float], ours: list[tuple], paper: list[float | None], 
             elinewidth=0.8,
             capsize=2,
         )
-    for patch, o in zip(drawn.patches, shown):  # one seed: no interval; the bar hatched, not given one of width 0
-        if o[0] is not None and None in o:
+    for patch, one in zip(drawn.patches, alone):  # no interval: the bar hatched, not given one of width 0
+        if one:
             patch.set(facecolor="white", edgecolor="tab:blue", hatch="////")
     ax.barh(y_paper, [clip(v) or 0 for v in paper], height=0.4, color="tab:gray", label="paper")
-    for y, (value, lo, hi), original in zip(y_ours, shown, ours):
+    for y, (value, lo, hi), original, one in zip(y_ours, shown, ours, alone):
         end = value if value is None else max(value, hi or value) if value >= 0 else min(value, lo or value)
-        one = " (1 seed)" if value is not None and None in (lo, hi) else ""
-        bar_label(ax, y, original[0], end, cut=original != (value, lo, hi), note=one)  # the bar or interval cut
+        note = " (1 seed)" if one else ""
+        bar_label(ax, y, original[0], end, cut=original != (value, lo, hi), note=note)  # the bar or interval cut
     for y, value in zip(y_paper, paper):
         bar_label(ax, y, value, clip(value), cut=clip(value) != value)
 
