@@ -86,6 +86,8 @@ def reference_rule(sweep) -> str:
 
 def convergence_note(sweep, recs: list[Row]) -> str:
     m1 = first_metric(sweep)
+    if not any(r.ends for r in recs):
+        return "Convergence: no run's training is over yet, so the convergence columns are blank."
     if not any(r.along or r.late_share is not None for r in recs):
         return "Convergence: these records hold no dev curves, so the convergence columns are blank."
     return (
