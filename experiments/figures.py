@@ -188,8 +188,10 @@ def params_figure(ctx: Context, recs: list[Row], path):
         ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=spread, fmt="o", markersize=4, capsize=2)
         if points:
             log_axis(ax.xaxis)
+            if metric == "ppl":  # log perplexity is the loss: equal steps in it are equal ratios
+                log_axis(ax.yaxis, subs=tuple(range(1, 10)))
         ax.set_xlabel("parameters (millions, log scale)")
-        ax.set_ylabel(f"dev {metric.upper()}")
+        ax.set_ylabel(f"dev {metric.upper()}" + (" (log scale)" if metric == "ppl" else ""))
         ax.set_title(f"ours, {ctx.profile} (mean ± sd over seeds)" if side == "ours" else "paper")
         ax.margins(x=0.15, y=0.12)
         panels.append((ax, points))
