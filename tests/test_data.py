@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 
 import numpy as np
@@ -291,6 +292,23 @@ def test_own_parallel_text_files(tmp_path):
 
 
 @pytest.mark.slow
+def test_making_a_local_builder_leaves_no_temporary_directory(tmp_path, monkeypatch):
+    """TFDS looks up a builder's precomputed info in its GCS bucket by first making a temporary
+    directory, left empty; local builders skip the lookup (none of theirs is in the bucket)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (tmp_path / "a.en").write_text("x\n" * 30)
+    (tmp_path / "a.de").write_text("y\n" * 30)
+    for overrides in ({}, dict(dataset="text", source_file=str(tmp_path / "a.en"), target_file=str(tmp_path / "a.de"))):
+        builder = corpora.get_builder(small_config(tmp_path / "data", **overrides).data)
+        assert isinstance(builder.info, corpora.LocalInfo) and not builder.info.splits  # not prepared yet
+    assert list(scratch.iterdir()) == []
+    # the registered datasets keep TFDS's own lookup (which leaves the directory)
+    corpora.get_builder(small_config(tmp_path / "data", dataset="wmt17_translate/de-en").data)
+    assert [p.name.endswith("tfds") for p in scratch.iterdir()] == [True]
+
+
 def test_missing_data_is_one_sentence(tmp_path):
     with left_as_is(tmp_path):
         result = subprocess.run(

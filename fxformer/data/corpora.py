@@ -33,9 +33,19 @@ def _features(source_lang: str, target_lang: str) -> tfds.features.FeaturesDict:
     return tfds.features.FeaturesDict({source_lang: tfds.features.Text(), target_lang: tfds.features.Text()})
 
 
+class LocalInfo(tfds.core.DatasetInfo):
+    """The DatasetInfo of a local builder: no precomputed info exists in TFDS's GCS bucket, and
+    TFDS's lookup makes an empty temporary directory each time before finding nothing (one
+    left in /tmp per unprepared builder made)."""
+
+    def initialize_from_bucket(self) -> None:
+        pass
+
+
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """A builder whose data is generated or read locally: nothing is downloaded, so TFDS's
-    "Downloading and preparing dataset Unknown size ..." lines would only mislead."""
+    "Downloading and preparing dataset Unknown size ..." lines would only mislead. Its `_info`
+    returns a `LocalInfo`."""
 
     def _log_download_bytes(self) -> None:
         pass
@@ -62,7 +72,7 @@ class FxformerEmbedded(LocalBuilder):
     make_splits = staticmethod(grammar.make_splits)  # the grammar's (num_train, num_validation, num_test, seed)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return LocalInfo(
             builder=self, features=_features("en", "de"), supervised_keys=("en", "de"), disable_shuffling=True
         )
 
@@ -134,7 +144,7 @@ class FxformerParallelText(LocalBuilder):
 
     def _info(self) -> tfds.core.DatasetInfo:
         c = self.builder_config
-        return tfds.core.DatasetInfo(
+        return LocalInfo(
             builder=self,
             features=_features(c.source_lang, c.target_lang),
             supervised_keys=(c.source_lang, c.target_lang),
