@@ -150,7 +150,7 @@ def comparison_columns(split: str, m: str) -> list[Column]:
 
 
 def convergence_columns(m1: str) -> list[Column]:
-    """The first metric's direction along training, and the share of its gain made late."""
+    """The first metric's direction along training, and how much it fell late."""
     fractions = " → ".join(fraction(f) for f in FRACTIONS)
     return [
         Column(
@@ -160,10 +160,10 @@ def convergence_columns(m1: str) -> list[Column]:
             lambda r: r.along or [""] * len(FRACTIONS),
         ),
         Column(
-            f"{m1} gain in the last {share(LATE)}",
-            (f"{m1} gain share last {share(LATE)}",),
-            lambda r: share(r.late_share),
-            lambda r: [fmt(r.late_share, 3)],
+            f"{m1} fall in the last {share(LATE)}",
+            (f"{m1} fall last {share(LATE)}",),
+            lambda r: share(r.late_fall),
+            lambda r: [fmt(r.late_fall, 3)],
         ),
     ]
 

@@ -88,13 +88,13 @@ def convergence_note(sweep, recs: list[Row]) -> str:
     m1 = first_metric(sweep)
     if not any(r.ends for r in recs):
         return "Convergence: no run's training is over yet, so the convergence columns are blank."
-    if not any(r.along or r.late_share is not None for r in recs):
+    if not any(r.along or r.late_fall is not None for r in recs):
         return "Convergence: these records hold no dev curves, so the convergence columns are blank."
     return (
-        f"Convergence, from the dev curves: '{m1} gain in the last {share(LATE)}' is the share of a run's dev {m1} "
-        f"improvement (from its first dev evaluation to its last) made in the last {share(LATE)} of its training "
-        f"steps, mean over seeds: 0% had levelled off, {share(LATE)} or more was improving as fast as ever, "
-        f"below 0 ended worse than it was at {share(1 - LATE)} of its steps. The {m1} direction is judged again "
+        f"Convergence, from the dev curves: '{m1} fall in the last {share(LATE)}' is how much a run's dev {m1} fell "
+        f"over the last {share(LATE)} of its training steps, relative to its value then (at its last dev evaluation "
+        f"at or before {share(1 - LATE)} of its steps), mean over seeds: 0% had levelled off, 10% still fell by a "
+        f"tenth, below 0 ended worse than it was. The {m1} direction is judged again "
         f"(the same test, the same reference) at each run's last dev evaluation at or before "
         f"{', '.join(fraction(f) for f in FRACTIONS)} of its own steps (to where early stopping ended it, else "
         f"the cap). Runs whose training is over only."

@@ -19,8 +19,9 @@ beside the mean of the base seeds it is measured from, with its 95% confidence i
 paired t-test (t, df = pairs - 1, p). Ours is a direction where p < 0.05, else a tie; the
 reference's is a tie where its difference is within the noise of two single runs (the sweep's
 `noise`: 2 sqrt(2) sd). Rows the recipe was chosen on (the sweep's `pilot_rows`) are marked and
-left out of the count. Convergence, from the dev curves: the share of each run's dev PPL gain
-made in its last 20% of steps, and the PPL direction at 1/4, 1/2 and all of the steps.
+left out of the count. Convergence, from the dev curves: how much each run's dev PPL fell over
+its last 20% of steps, relative to its value then, and the PPL direction at 1/4, 1/2 and all of
+the steps.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from fxformer.config import dotted_keys, lookup
 from fxformer.errors import UserError
 
 FRACTIONS = (0.25, 0.5, 1.0)  # where along training the direction is shown again (from the dev curves)
-LATE = 0.2  # convergence: the share of the dev PPL gain made in this last part of the steps
+LATE = 0.2  # convergence: the relative fall of dev PPL over this last part of the steps
 
 
 @dataclasses.dataclass
@@ -58,8 +58,8 @@ class Row:
     paper: dict[str, float | None]
     paper_params: float | None
     end_above_lowest: float | None
-    late_share: float | None
-    late_share_seeds: dict[int, float]
+    late_fall: float | None
+    late_fall_seeds: dict[int, float]
     matched: dict = dataclasses.field(default_factory=dict)  # the mean of the base seeds paired with the row's
     delta_ours: dict = dataclasses.field(default_factory=dict)
     se: dict = dataclasses.field(default_factory=dict)
@@ -112,7 +112,7 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
     total = config["num_train_steps"]
     ends = {rep["seed"]: rep["step"] for rep in trained(reps) if rep.get("step")}
     curves = dev_curves(trained(reps), "dev_ppl")
-    shares = {k: s for k, c in curves.items() if (s := stats.late_share(c, ends.get(k) or total, LATE)) is not None}
+    falls = {k: f for k, c in curves.items() if (f := stats.late_fall(c, ends.get(k) or total, LATE)) is not None}
     more = {s: figures(sweep, reps, s) for s in more_splits(sweep)}
     for s, figs in more.items():  # the first evaluation of that split, for the footer's sentence count
         figs.results = next((rep["evals"][s] for rep in reps if s in rep["evals"]), {})
@@ -142,8 +142,8 @@ def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row
         paper={m: sweep.reference.get(run.name, {}).get(m) for m in sweep.metrics},
         paper_params=sweep.reference.get(run.name, {}).get("params"),
         end_above_lowest=max((r for c in curves.values() if (r := end_above_lowest(c)) is not None), default=None),
-        late_share=statistics.fmean(shares.values()) if shares else None,
-        late_share_seeds=shares,
+        late_fall=statistics.fmean(falls.values()) if falls else None,
+        late_fall_seeds=falls,
     )
 
 

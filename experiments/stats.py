@@ -114,20 +114,19 @@ def verdict(ours: int | None, reference: int | None, pairs: int) -> str:
     return "agree" if ours == reference else "disagree"
 
 
-def late_share(curve: dict[int, float], total_steps: int, last: float = 0.2) -> float | None:
-    """The share of a learning curve's improvement ({step: dev PPL}, from its first point to its
-    last) made in the last `last` of the training steps: (value at the last point at or before
-    (1 - last) x total_steps - value at the end) / (first value - value at the end). Near 0: it
-    had levelled off; near `last` or above: still improving as fast as ever. None where the
-    curve has no point in the first (1 - last) of the steps or did not improve at all."""
+def late_fall(curve: dict[int, float], total_steps: int, last: float = 0.2) -> float | None:
+    """How much a learning curve ({step: dev PPL}) fell in the last `last` of the training steps,
+    relative to where it was: (value at the last point at or before (1 - last) x total_steps -
+    value at the end) / that value. Near 0: it had levelled off; above: still falling (0.2: a
+    fifth lower at the end); below 0: it ended worse. Relative to the value late in training,
+    not to the whole gain, which a first evaluation far above the end would make look small.
+    None where the curve has no point in the first (1 - last) of the steps, or only one point."""
     steps = sorted(curve)
     before = [s for s in steps if s <= (1 - last) * total_steps]
-    if len(steps) < 2 or not before:
+    if len(steps) < 2 or not before or before[-1] == steps[-1]:
         return None
-    first, end = curve[steps[0]], curve[steps[-1]]
-    if first <= end:
-        return None
-    return (curve[before[-1]] - end) / (first - end)
+    late = curve[before[-1]]
+    return (late - curve[steps[-1]]) / late
 
 
 def at_fraction(curve: dict[int, float], total_steps: int, fraction: float) -> float | None:

@@ -105,12 +105,14 @@ def test_with_three_pairs_2_5_standard_errors_is_a_tie_and_5_a_direction():
     assert stats.reference_sign(-0.5, 25.8, {"sd": 0.2}) == 0 and stats.reference_sign(-0.6, 25.8, {"sd": 0.2}) == -1
 
 
-def test_convergence_share_and_values_along_a_curve():
-    curve = {100: 10.0, 200: 6.0, 400: 4.0, 800: 3.0, 1000: 2.5}  # improved 7.5 in all, 0.5 after step 800
-    assert stats.late_share(curve, 1000) == pytest.approx(0.5 / 7.5)
-    assert stats.late_share({100: 10.0, 700: 3.0, 1000: 2.5}, 1000) == pytest.approx(0.5 / 7.5)  # last point <= 800
-    assert stats.late_share({900: 3.0, 1000: 2.5}, 1000) is None  # no point before the last 20%
-    assert stats.late_share({100: 2.0, 1000: 2.5}, 1000) is None  # no improvement to share
+def test_convergence_fall_and_values_along_a_curve():
+    curve = {100: 10.0, 200: 6.0, 400: 4.0, 800: 3.0, 1000: 2.5}  # 3.0 at step 800, 2.5 at the end
+    assert stats.late_fall(curve, 1000) == pytest.approx(0.5 / 3.0)  # a sixth lower: still falling
+    assert stats.late_fall({100: 10.0, 700: 3.0, 1000: 2.5}, 1000) == pytest.approx(0.5 / 3.0)  # last point <= 800
+    assert stats.late_fall({100: 50.0, 800: 2.0, 1000: 2.0}, 1000) == 0.0  # levelled off, however high it began
+    assert stats.late_fall({100: 2.0, 800: 2.0, 1000: 2.5}, 1000) == pytest.approx(-0.25)  # ended worse
+    assert stats.late_fall({900: 3.0, 1000: 2.5}, 1000) is None  # no point before the last 20%
+    assert stats.late_fall({100: 3.0}, 1000) is None  # one point: nothing fell
     assert [stats.at_fraction(curve, 1000, f) for f in (0.25, 0.5, 1.0)] == [6.0, 4.0, 2.5]
     assert stats.at_fraction(curve, 3000, 0.25) == 4.0  # big: a quarter of its own 3,000 steps
 
@@ -395,9 +397,9 @@ def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     assert rows["C1"].along == ["disagree", "tie", "agree"] and "disagree → tie → agree" in shown["C1 (pilot)"][-4]
     for name, rec in rows.items():
         curves = [fake_curve(*points) for points, _ in FAKE[name]]
-        share = np.mean([(c[800] - c[1000]) / (c[100] - c[1000]) for c in curves])
-        assert rec.late_share == pytest.approx(share), name
-        assert shown[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * share:.0f}%"
+        fall = np.mean([(c[800] - c[1000]) / c[800] for c in curves])
+        assert rec.late_fall == pytest.approx(fall), name
+        assert shown[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * fall:.0f}%"
     # the headline counts A1 alone: the pilot rows are named, with their verdicts, and not counted
     count = next(line for line in table.splitlines() if line.startswith("PPL direction as the paper's"))
     assert "0 agree, 0 tie, 1 disagree, of the 1 rows" in count and "(A1)" in count
@@ -616,8 +618,8 @@ def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_traine
     shutil.rmtree(Path(stopped) / "eval")  # seed 2 of A1 trained on (its curve is there) but is not finished
     rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
     assert rows["A1"].state == "1 stopped, 2 trained"  # A1's runs have no test evaluation yet
-    assert set(rows["A1"].ends) == {0, 1} and set(rows["A1"].late_share_seeds) == {0, 1}
-    assert rows["C1"].ends.keys() == rows["C1"].late_share_seeds.keys() == {0, 1, 2}
+    assert set(rows["A1"].ends) == {0, 1} and set(rows["A1"].late_fall_seeds) == {0, 1}
+    assert rows["C1"].ends.keys() == rows["C1"].late_fall_seeds.keys() == {0, 1, 2}
     # the directions along training pair the seeds whose training is over: one, while the other runs
     curve = lambda start: [{"step": s, "dev_ppl": start - s / 1000} for s in range(100, 1001, 100)]  # noqa: E731
     base_reps = [{"seed": k, "state": "finished", "curve": curve(3.0)} for k in (0, 1)]
