@@ -348,14 +348,36 @@ def assert_collect_rebuilds(source: str, committed: Path, out: Path) -> None:
         assert (out / name).read_bytes() == (committed / name).read_bytes(), f"{name}: collect it again (its README)"
 
 
-def test_the_committed_mini_table_is_what_its_results_json_collects_to(tmp_path):
-    out = tmp_path / "mini"
-    assert_collect_rebuilds(f"--from_results={MINI / 'results.json'}", MINI, out)
+def test_the_committed_mini_table_has_its_records_test_pilots_and_convergence():
+    """The mini sweep, re-run with its records (which rebuild it: the parametrized test below):
+    pilot rows marked, test beside dev and a convergence figure in every row."""
+    assert records.read(MINI / records.NAME)["header"]["profile"] == "mini"
     table = (MINI / "table.md").read_text()
-    assert "| C1 (pilot) |" in table and "| D1 (pilot) |" in table and "paired t-test" in table
-    assert "no learning curves and no raw records" in table and not (out / "records.jsonl.gz").exists()
-    assert "test: no evaluation in these records" in table
-    assert "hold no dev curves, so the convergence columns are blank" in table
+    head, *lines = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines() if line[:2] == "| "]
+    rows = {cells[0]: dict(zip(head, cells, strict=True)) for cells in lines}
+    assert len(rows) == 20 and "C1 (pilot)" in rows and "D1 (pilot)" in rows and "A1" in rows
+    for name, row in rows.items():
+        assert " ± " in row["test PPL ours (mean ± sd)"] and " ± " in row["test BLEU ours (mean ± sd)"], name
+        assert row["PPL fall in the last 20%"].endswith("%") and row["state"] == "finished", name
+    assert "62 of 62 runs finished" in table and "paired t-test" in table
+
+
+def test_a_results_json_alone_rebuilds_every_seeds_figures_and_the_counts(tmp_path):
+    """--from_results (a results.json: final figures, no curves) gives the same per-seed figures,
+    differences, tests and counts as the records; only the convergence columns are blank."""
+    assert (
+        experiments_main.main(["collect", "table3", f"--from_results={MINI / 'results.json'}", f"--out={tmp_path}"])
+        == 0
+    )
+    again = json.loads((tmp_path / "results.json").read_text())
+    committed = json.loads((MINI / "results.json").read_text())
+    for new, old in zip(again["rows"], committed["rows"], strict=True):
+        for key in ("seeds", "ours", "sd", "delta_ours", "p", "ci", "direction"):
+            assert new[key] == old[key], (old["row"], key)
+        assert new["more"]["test"]["seeds"] == old["more"]["test"]["seeds"]
+        assert new["late_fall"] is None and not new["along"] and old["late_fall"] > 0.05
+    assert again["footer"][-2:] == committed["footer"][-2:]  # the PPL and BLEU counts
+    assert "no learning curves and no raw records" in (tmp_path / "table.md").read_text()
 
 
 REAL = MINI.parent / "table3-multi30k"
