@@ -113,6 +113,7 @@ def test_convergence_fall_and_values_along_a_curve():
     assert stats.late_fall({100: 2.0, 800: 2.0, 1000: 2.5}, 1000) == pytest.approx(-0.25)  # ended worse
     assert stats.late_fall({900: 3.0, 1000: 2.5}, 1000) is None  # no point before the last 20%
     assert stats.late_fall({100: 3.0}, 1000) is None  # one point: nothing fell
+    assert stats.late_fall({100: 3.0, 200: 2.0}, 1000) is None  # no point in the last 20%
     assert [stats.at_fraction(curve, 1000, f) for f in (0.25, 0.5, 1.0)] == [6.0, 4.0, 2.5]
     assert stats.at_fraction(curve, 3000, 0.25) == 4.0  # big: a quarter of its own 3,000 steps
 
