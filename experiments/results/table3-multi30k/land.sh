@@ -13,7 +13,7 @@ while true; do
   n=$(finished)
   if [ "$n" != "$last" ]; then
     nice -n 19 .venv/bin/python -m experiments collect table3 --root=$ROOT --out=$OUT > /tmp/land-collect.log 2>&1 \
-      && git add -- $OUT && git commit -q -m "$(basename $OUT): records of $n finished runs (collected as they land)" -- $OUT \
+      && git add -- $OUT && git commit -q -m "$(basename $(dirname $OUT))/$(basename $OUT): records of $n finished runs (collected as they land)" -- $OUT \
       && echo "$(date -u +%H:%M) landed $n"
     last=$n
   fi
