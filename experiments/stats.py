@@ -123,7 +123,7 @@ def late_fall(curve: dict[int, float], total_steps: int, last: float = 0.2) -> f
     None where the curve has no point in the first (1 - last) of the steps, or only one point."""
     steps = sorted(curve)
     before = [s for s in steps if s <= (1 - last) * total_steps]
-    if len(steps) < 2 or not before or before[-1] == steps[-1]:
+    if not before or before[-1] == steps[-1]:
         return None
     late = curve[before[-1]]
     return (late - curve[steps[-1]]) / late

@@ -291,7 +291,6 @@ def test_own_parallel_text_files(tmp_path):
         corpora.prepare(config.data)
 
 
-@pytest.mark.slow
 def test_making_a_local_builder_leaves_no_temporary_directory(tmp_path, monkeypatch):
     """TFDS looks up a builder's precomputed info in its GCS bucket by first making a temporary
     directory, left empty; local builders skip the lookup (none of theirs is in the bucket)."""
@@ -309,6 +308,7 @@ def test_making_a_local_builder_leaves_no_temporary_directory(tmp_path, monkeypa
     assert [p.name.endswith("tfds") for p in scratch.iterdir()] == [True]
 
 
+@pytest.mark.slow
 def test_missing_data_is_one_sentence(tmp_path):
     with left_as_is(tmp_path):
         result = subprocess.run(
