@@ -127,13 +127,15 @@ def count_line(recs: list[Row], m: str) -> str | None:
     rows = [r for r in judged if not r.pilot]
     counted = [r for r in rows if r.direction[m] in COUNTED]
     verdicts = [r.direction[m] for r in counted]
-    if rows and all(r.direction[m].startswith("1 seed") for r in rows):
-        agree = sum(r.direction[m].endswith("agree") and "disagree" not in r.direction[m] for r in rows)
-        return f"{m.upper()} direction as the paper's (single seeds, no spread): {agree} of {len(rows)}."
+    beyond = "a paper difference beyond its noise"
+    singles = [r for r in rows if r.direction[m] != "1 seed: paper tie"]  # a paper tie cannot agree
+    if singles and all(r.direction[m].startswith("1 seed") for r in rows):
+        agree = sum(r.direction[m] == "1 seed: agree" for r in singles)
+        lead = f"{m.upper()} direction as the paper's (single seeds, no spread)"
+        return f"{lead}: {agree} of the {len(singles)} rows with {beyond}."
     if not rows:
         return None
     if not counted:
-        beyond = "a paper difference beyond its noise"
         return f"{m.upper()} direction as the paper's: no row has 2 or more paired seeds and {beyond}."
     text = (
         f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "

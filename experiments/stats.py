@@ -63,8 +63,11 @@ def paired(row: dict[int, float], base: dict[int, float]) -> Paired:
 def t_test(row: list[float], base: list[float]) -> tuple[float | None, float, float, float]:
     """scipy's paired t-test of `row` against `base` (same length, 2 or more): (t, two-sided p,
     the LEVEL interval of the mean difference). Differences that are all equal have no spread
-    to test against: t is None, p is 0 (1 where they are all 0) and the interval that value."""
+    to test against: t is None, p is 0 (1 where they are all 0) and the interval that value; a NaN
+    difference (a diverged run) gives NaN p and interval, which `sign` reads as a tie."""
     diffs = [r - b for r, b in zip(row, base)]
+    if any(math.isnan(d) for d in diffs):  # a diverged run: no evidence either way (max/min skip a NaN)
+        return None, math.nan, math.nan, math.nan
     if max(diffs) == min(diffs):
         return None, 0.0 if diffs[0] else 1.0, diffs[0], diffs[0]
     from scipy import stats as scipy_stats

@@ -680,6 +680,17 @@ def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_end
     assert sweep_figures.band(reps) == ([100, 200], [10.0, 9.0], [9.0, 8.0], [11.0, 10.0])
 
 
+def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():
+    nan = float("nan")
+    base = {0: 1.0, 1: 1.0, 2: 1.5}
+    for row in ({0: nan, 1: 2.0, 2: 2.5}, {0: 2.0, 1: nan, 2: 2.5}, {0: 2.0, 1: 2.0, 2: nan}):
+        test = stats.paired(row, base)  # max/min of [1, nan, 1] is 1: once read as a difference without spread
+        assert math.isnan(test.p) and stats.sign(test) == 0, row
+        assert rows_module.judge(test, 1) == "tie"
+    assert stats.sign(stats.paired({0: 2.0, 1: nan}, {0: 1.0, 1: 1.0})) == 0  # was p = 0: "disagree"
+    assert rows_module.judge(stats.paired({0: nan}, {0: 1.0}), -1) == "1 seed: tie"  # was "1 seed: agree"
+
+
 def test_shares_spreads_and_the_headline_in_corner_cases():
     assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
     mean, sd = stats.mean_sd([float("nan"), 1.0])  # a diverged seed's NaN is shown, not a crash
@@ -687,8 +698,10 @@ def test_shares_spreads_and_the_headline_in_corner_cases():
     assert stats.sign(stats.Paired(mean=1.0, pairs=3, p=float("nan"))) == 0  # no evidence: a tie
     assert stats.mean_sd([1.0, 2.0, 4.0])[1] == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1))
     row = lambda name, verdict: types.SimpleNamespace(row=name, pilot=False, direction={"ppl": verdict})  # noqa: E731
-    assert footer.count_line([row("A1", "1 seed: agree"), row("A2", "1 seed: paper tie")], "ppl") == (
-        "PPL direction as the paper's (single seeds, no spread): 1 of 2."
+    singles = [row("A1", "1 seed: agree"), row("A2", "1 seed: paper tie"), row("B1", "1 seed: disagree")]
+    assert footer.count_line(singles, "ppl") == (  # a paper tie cannot agree: not in the denominator
+        "PPL direction as the paper's (single seeds, no spread): 1 of the 2 rows with a paper difference beyond"
+        " its noise."
     )
     two_seed_ties = [row("A1", "1 seed: agree"), row("A3", "paper tie, ours tie")]
     assert "no row has 2 or more paired seeds and a paper difference beyond its noise" in footer.count_line(
