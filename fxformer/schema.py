@@ -32,7 +32,7 @@ def defaults() -> ml_collections.ConfigDict:
     config.seed = 0
     config.dev_bleu_every_steps = 0  # beam-search BLEU on the dev split's first sentences (0 = off; slow)
     config.dev_bleu_sentences = 200  # how many (0 = the whole dev split)
-    config.best_metric = "dev_ppl"  # dev_ppl, dev_loss, dev_accuracy or dev_bleu: its best kept in W/best ("" = off)
+    config.best_metric = "dev_ppl"  # dev_ppl, dev_loss, dev_nll, dev_accuracy, dev_bleu: best kept in W/best ("" = off)
     config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
     config.early_stopping_min_delta = 0.0  # better counts only by this share of the last improvement (0.01: 1%)
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
