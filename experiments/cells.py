@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from experiments import stats
 from experiments.rows import FRACTIONS, LATE, Row, more_splits
 
 
@@ -33,8 +34,13 @@ def plus_minus(value, spread, sign: bool = False) -> str:
 
 
 def p_value(p: float | None) -> str:
-    """'p=0.042', 'p<0.001'."""
-    return "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.3f}"
+    """'p=0.042', 'p<0.001'; a p that would round to the level (0.0495 to 0.0505) keeps a fourth
+    decimal, so that 'p=0.050' never stands beside a verdict it does not show ('p=0.0497')."""
+    if p is None:
+        return ""
+    if p < 0.001:
+        return "p<0.001"
+    return f"p={p:.4f}" if f"{p:.3f}" == f"{stats.ALPHA:.3f}" else f"p={p:.3f}"
 
 
 def interval(rec: Row, m: str) -> str:

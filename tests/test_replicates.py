@@ -693,6 +693,13 @@ def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():
 
 def test_shares_spreads_and_the_headline_in_corner_cases():
     assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
+    assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506)] == [
+        "p<0.001",
+        "p=0.012",
+        "p=0.0497",
+        "p=0.0503",
+        "p=0.051",  # never "p=0.050" beside "agree"
+    ]
     mean, sd = stats.mean_sd([float("nan"), 1.0])  # a diverged seed's NaN is shown, not a crash
     assert math.isnan(mean) and math.isnan(sd)
     assert stats.sign(stats.Paired(mean=1.0, pairs=3, p=float("nan"))) == 0  # no evidence: a tie
