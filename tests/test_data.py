@@ -151,6 +151,17 @@ def test_another_tokenizer_or_corpus_gets_its_own_stored_ids(tmp_path, corpus, c
     assert tmp_path in built.parents and len(tokenized.load(built, "train")) == 300
 
 
+def test_the_other_direction_with_the_same_tokenizer_gets_its_own_stored_ids(corpus, corpus_ids):
+    config, builder, tokenizer = corpus  # one BPE model serves both directions: its hash cannot tell them apart
+    sources = {"test": corpora.data_source(builder, "test")}
+    where = tokenized.build(builder.data_dir, tokenizer, sources, "de", "en", log=lambda *a: None)
+    assert where != corpus_ids and where.parent == corpus_ids.parent
+    first = sources["test"][0]
+    example = tokenized.load(where, "test").examples(1)[0]  # once the en -> de ids: inputs were English
+    np.testing.assert_array_equal(example["inputs"], tokenizer.encode(first["de"].decode()))
+    np.testing.assert_array_equal(example["targets"], tokenizer.encode(first["en"].decode()))
+
+
 @pytest.mark.parametrize("by_length", [False, True])
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_eval_batches_cover_every_example_exactly_once(corpus, process_count, by_length):

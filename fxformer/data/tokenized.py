@@ -1,10 +1,12 @@
 """Token ids stored once, at preparation, so that training reads ids and never text.
 
-Beside the dataset (`builder.data_dir`), one folder per tokenizer, named by a hash of the
-tokenizer's model: `ids-<hash>/<split>.<side>.ids.npy` (every example's ids, EOS included, one
-after another) and `<split>.<side>.offsets.npy` (where each example starts; n + 1 entries), for
-side = inputs and targets. A changed corpus is another dataset folder, a changed tokenizer
-another `ids-` folder: both are built anew, never mixed.
+Beside the dataset (`builder.data_dir`), one folder per tokenizer and direction, named by a hash
+of the tokenizer's model and the languages, `ids-<hash>-<source>-<target>/`: there
+`<split>.<side>.ids.npy` (every example's ids, EOS included, one after another) and
+`<split>.<side>.offsets.npy` (where each example starts; n + 1 entries), for side = inputs and
+targets. A changed corpus is another dataset folder, a changed tokenizer or
+direction another `ids-` folder: each is built anew, never mixed (a BPE model trained on both sides
+is the same for de -> en as for en -> de, so the hash alone would hand one direction the other's ids).
 
 Why flat numpy arrays: a memory map reads any set of examples with one fancy index, with no
 per-record decoding (the cost that dominated reading array_record records one at a time); the
@@ -29,10 +31,11 @@ SIDES = ("inputs", "targets")
 READ_CHUNK = 8192  # records read (and encoded) at a time while building
 
 
-def folder(data_dir: paths.PathLike, tokenizer: Tokenizer):
-    """Where a dataset's ids for `tokenizer` live: keyed by the tokenizer model's bytes."""
+def folder(data_dir: paths.PathLike, tokenizer: Tokenizer, source_lang: str, target_lang: str):
+    """Where a dataset's ids for `tokenizer` from `source_lang` to `target_lang` live: keyed by the
+    tokenizer model's bytes and the direction (which side is `inputs`)."""
     digest = hashlib.sha1(tokenizer.path.read_bytes()).hexdigest()[:12]
-    return paths.as_path(data_dir) / f"ids-{digest}"
+    return paths.as_path(data_dir) / f"ids-{digest}-{source_lang}-{target_lang}"
 
 
 @dataclasses.dataclass
@@ -107,7 +110,7 @@ def _save(path, array: np.ndarray) -> None:
 def build(data_dir: paths.PathLike, tokenizer: Tokenizer, sources: dict, source_lang: str, target_lang: str, log=print):
     """Tokenize the splits of `sources` ({split: data source}) that are not stored yet. Each split is
     written to a temporary name and renamed, so a reader never sees half a split."""
-    where = folder(data_dir, tokenizer)
+    where = folder(data_dir, tokenizer, source_lang, target_lang)
     missing = {split: s for split, s in sources.items() if not (where / _names(split, "targets")[1]).exists()}
     if not missing:
         return where
