@@ -106,6 +106,9 @@ def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus, co
     assert (
         0 < len(carried) < sum(expected.values()) and unpacked(batches) + Counter(pair[i] for i in carried) == expected
     )
+    data.train_split = "validation"  # the report training logs counts them in either mode
+    _, report = pipeline.train_dataset(corpus_ids, data, rows=4, seed=3)
+    assert (report.seen, report.overlong_pairs) == (len(source), overlong_pairs), report
 
 
 def test_no_batch_is_part_empty_where_one_epoch_ends_and_the_next_begins(corpus, corpus_ids):

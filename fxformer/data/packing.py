@@ -138,8 +138,10 @@ class Shard:
         return mine, {key: np.minimum(value, self.max_length) for key, value in lengths.items()}
 
     def counts(self) -> tuple[int, int]:
-        """(examples of the shard, those training keeps)."""
-        return len(range(self.shard, len(self.split), self.num_shards)), len(self._kept[0])
+        """(examples of the shard, those longer than `max_length` on either side: dropped or truncated)."""
+        mine = np.arange(self.shard, len(self.split), self.num_shards)
+        longest = np.maximum(self.split.inputs.lengths[mine], self.split.targets.lengths[mine])
+        return len(mine), int((longest > self.max_length).sum())
 
     @functools.lru_cache(maxsize=2)  # noqa: B019 - a shard lives as long as its pipeline
     def plan(self, epoch: int) -> Plan:

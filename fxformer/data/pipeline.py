@@ -148,7 +148,7 @@ def train_dataset(
         for shard in range(process_index * per_process, (process_index + 1) * per_process)
     ]
     counts = [shard.counts() for shard in shards]
-    report = LengthReport(data.max_length, data.overlong, sum(c[0] for c in counts), sum(c[0] - c[1] for c in counts))
+    report = LengthReport(data.max_length, data.overlong, sum(c[0] for c in counts), sum(c[1] for c in counts))
     dataset = grain.MapDataset.range(ENDLESS).map(ProcessBatches(shards))
     dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
     if data.workers:
