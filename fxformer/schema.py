@@ -106,7 +106,7 @@ def decode_section() -> ml_collections.ConfigDict:
     section.strategy = "beam"  # beam, greedy or sample
     section.beam_size = 4
     section.alpha = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha
-    section.beam_variant = "live"  # live (fxformer's, the paper's) or t2t (2k candidates, k kept live)
+    section.beam_variant = "live"  # live (fxformer's) or t2t (tensor2tensor's, the paper's code: 2k candidates, k live)
     section.max_extra = 50  # maximum output length = input length + 50
     section.nbest = 1  # translations per input (beam: at most beam_size; sample: samples per input)
     section.temperature = 1.0  # sampling: softmax(log p / temperature)
