@@ -275,7 +275,11 @@ class Best:
         self.min_delta = min_delta
         self.manager = open_manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
-        self.evaluations: list[float] = []  # the dev metric's values the plateau is counted over
+        # the dev metric's values the plateau is counted over: every one logged up to the resume, whether or
+        # not the best parameters were kept (a best saved after the last checkpoint is removed below)
+        self.evaluations = [
+            line[metric] for line in logged if metric and metric in line and line["step"] <= resume_step
+        ]
         if self.manager is not None and self.manager.latest_step() is not None:
             step = self.manager.latest_step()
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -283,7 +287,6 @@ class Best:
                 self.manager.delete(step)
             else:
                 self.value = meta["value"]
-                self.evaluations = [line[metric] for line in logged if metric in line and line["step"] <= resume_step]
 
     @property
     def stale(self) -> int:

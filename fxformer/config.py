@@ -236,6 +236,11 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
     if config.best_metric not in BEST_METRICS:
         names = ", ".join(map(repr, BEST_METRICS))
         raise UserError(f"best_metric must be one of {names}, not {config.best_metric!r}.")
+    if config.early_stopping_patience and not config.best_metric:
+        raise UserError(
+            "early_stopping_patience counts dev evaluations of best_metric: set best_metric (e.g. dev_ppl) "
+            "or early_stopping_patience=0."
+        )
     if config.dev_bleu_every_steps < 0 or config.dev_bleu_sentences < 0:
         raise UserError("dev_bleu_every_steps and dev_bleu_sentences must be 0 or more.")
     if config.best_metric == "dev_bleu" and not config.dev_bleu_every_steps:

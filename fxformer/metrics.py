@@ -52,6 +52,18 @@ class MetricWriter:
             self.tensorboard.add_scalar(name, value, step)
         self.tensorboard.flush()
 
+    def amend(self, step: int, scalars: dict[str, float]) -> None:
+        """Add `scalars` to the line of `step`, the last kept (a resumed run's make-up evaluation)."""
+        if not self.enabled:
+            return
+        last = self.last()
+        assert last.get("step") == step, (last.get("step"), step)
+        self.lines[-1] = json.dumps({**last, **scalars})
+        paths.write_atomic(self.path, self._text())
+        for name, value in scalars.items():
+            self.tensorboard.add_scalar(name, value, step)
+        self.tensorboard.flush()
+
     def close(self) -> None:
         if self.enabled:
             self.tensorboard.close()

@@ -333,7 +333,8 @@ class Loop:
     def run(self) -> None:
         """Train until the last step, a stop, or an error."""
         total = self.config.num_train_steps
-        self.early = plateau(self.config, self.best, self.step)
+        self.make_up_evaluation()
+        self.early = self.early or plateau(self.config, self.best, self.step)
         if self.early:  # a resumed run that early stopping had ended
             self.log(f"{self.workdir} ended at step {self.step}: {self.early}; nothing to train")
             return
@@ -352,6 +353,25 @@ class Loop:
                 checkpoint.wait(self.manager)
                 self.log(f"{self.stopped_by()}: saved step {self.step} to {self.workdir.checkpoints}; exiting")
                 return
+
+    def make_up_evaluation(self) -> None:
+        """A stop on an evaluation step saves without evaluating (`what_is_due`): the resumed run
+        evaluates that step first, so that metrics.jsonl, the best parameters and early stopping
+        count every evaluation an uninterrupted run would. Every process decides alike, from the
+        metrics file."""
+        step, config = self.step, self.config
+        lines = [line for line in self.workdir.logged() if line["step"] == step] if step else []
+        if not lines:
+            return
+        line = lines[-1]
+        dev_loss = step % config.eval_every_steps == 0 and "dev_loss" not in line
+        dev_bleu = self.dev_bleu is not None and step % config.dev_bleu_every_steps == 0 and "dev_bleu" not in line
+        if not (dev_loss or dev_bleu):
+            return
+        logged, _ = self.evaluate(Due(log=False, dev_loss=dev_loss, dev_bleu=dev_bleu, save=False, stop=False))
+        self.writer.amend(step, logged)
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in logged.items() if k in ("dev_ppl", "dev_bleu"))
+        self.log(f"step {step}: the dev evaluation its stop passed over, made up: {shown}")
 
     def train_one_step(self) -> None:
         local, batch = next(self.data_iterator)

@@ -121,6 +121,7 @@ REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's wor
     ({"best_metric": "bleu"}, {}, "best_metric must be one of '', 'dev_ppl'"),
     ({"dev_bleu_sentences": -1}, {}, "dev_bleu_every_steps and dev_bleu_sentences must be 0 or more."),
     ({"best_metric": "dev_bleu"}, {}, "best_metric=dev_bleu needs dev BLEU during training"),
+    ({"best_metric": "", "early_stopping_patience": 3}, {}, "early_stopping_patience counts dev evaluations of"),
     ({"data.overlong": "cut"}, {}, "data.overlong must be 'drop' or 'truncate', not 'cut'"),
     ({"model.max_len": 32}, {}, "model.max_len (32) must cover data.max_length (64)"),
     ({"data.source_lang": "de"}, {}, "two different languages"),

@@ -54,6 +54,14 @@ def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path
     assert "(time budget, near step" in result.stdout  # the ETA is to the budget's end, which comes first
     dev_steps = list(logged(workdir, "dev_ppl"))
     assert saved[0] not in dev_steps  # the stop did not wait for a dev evaluation
+    # resumed, the run makes that evaluation up before its first step: as an uninterrupted run, every step evaluated
+    command = train_command(workdir, data_dir, num_train_steps=saved[0] + 1, eval_every_steps=1)
+    resumed = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert resumed.returncode == exitcodes.OK, resumed.stderr[-2000:]
+    assert f"step {saved[0]}: the dev evaluation its stop passed over, made up: dev_ppl" in resumed.stdout
+    assert list(logged(workdir, "dev_ppl")) == list(range(1, saved[0] + 2))
+    steps = [line["step"] for line in paths.Workdir(workdir).logged()]
+    assert len(steps) == len(set(steps)), steps  # the line of the stop's step amended, not a second one
 
 
 @pytest.mark.slow
@@ -141,6 +149,29 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
     epochs = logged(workdir, "epochs")
     assert list(epochs) == [2, 4, 6, 8] and all(b > a for a, b in zip(list(epochs.values()), list(epochs.values())[1:]))
     assert epochs[8] == pytest.approx(seen[8] / kept_target_tokens, rel=0.15)
+
+
+def test_a_resume_before_the_best_checkpoint_still_counts_the_evaluations_logged_before_it(tmp_path):
+    import jax.numpy as jnp
+
+    from fxformer import checkpoint
+
+    # dev_ppl at steps 100, 200, 300 (min_delta 10%: neither later value is an improvement); the
+    # best parameters are those of step 300, saved after the last training checkpoint (250)
+    logged_lines = [{"step": 100, "dev_ppl": 10.0}, {"step": 200, "dev_ppl": 9.95}, {"step": 300, "dev_ppl": 9.9}]
+    params = {"w": jnp.ones(3)}
+    first = checkpoint.Best(tmp_path / "best", "dev_ppl", 0, (), min_delta=0.1)
+    for line in logged_lines:
+        first.offer(line["step"], line, params, log=lambda *a: None)
+    assert first.stale == 2
+    first.close()
+    resumed = checkpoint.Best(tmp_path / "best", "dev_ppl", 250, logged_lines, min_delta=0.1)
+    assert resumed.value is None and resumed.manager.latest_step() is None  # the future best: removed, retraced
+    assert resumed.evaluations == [10.0, 9.95] and resumed.stale == 1  # as the uninterrupted run counted at 250
+    resumed.close()
+    kept = checkpoint.Best(tmp_path / "best2", "dev_ppl", 250, logged_lines, min_delta=0.1)
+    assert kept.evaluations == [10.0, 9.95]  # nothing kept at all: the same count
+    kept.close()
 
 
 @pytest.mark.slow
