@@ -88,12 +88,14 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
     by_row: dict[str, list[dict]] = {}
     for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
         by_row.setdefault(rep["row"], []).append(rep)
-    configs = {run.name: run.resolved(ctx.extra) for run in sweep.runs}
     names = {run.name for run in runs} | {sweep.baseline}
+    chosen = [run for run in sweep.runs if run.name in names]
+    # a row's config as its records hold it, resolved from the sweep only for a row without records: a
+    # records file rebuilds the table with no data files (a profile's config may need them to resolve)
+    configs = {run.name: recorded_config(by_row.get(run.name, [])) or run.resolved(ctx.extra) for run in chosen}
     rows = {
         run.name: record(sweep, run, by_row.get(run.name, []), configs[run.name], configs.get(sweep.baseline, {}))
-        for run in sweep.runs
-        if run.name in names
+        for run in chosen
     }
     base = rows.get(sweep.baseline)
     for name, rec in rows.items():
@@ -102,11 +104,15 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
     return [rows[run.name] for run in runs]
 
 
+def recorded_config(reps: list[dict]) -> dict | None:
+    """The config of a row's first replicate with records (its lowest seed), if any."""
+    return (reps[0].get("config") if reps else None) or None
+
+
 def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row:
     """A row's record before the comparison with the baseline, from its replicates' records."""
     split = sweep.eval_split
     results = next((rep["evals"][split] for rep in reps if split in rep["evals"]), {})
-    config = (reps[0]["config"] if reps else None) or config
     states = [rep["state"] for rep in reps] or ["not in the records"]
     state = states[0] if len(set(states)) == 1 else ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     info = reps[0]["run_info"] if reps else {}
