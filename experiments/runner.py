@@ -451,8 +451,10 @@ def restore(args, extra: list[str]) -> int:
         raise UserError(f"{args.from_records} holds records of the sweep {header['sweep']}, not {ctx.sweep.name}.")
     ctx.record()
     restored, kept = records.restore(ctx, doc, str(args.from_records))
+    commits = sorted({rep.get("commit") or "?" for rep in doc["replicates"] if rep["state"] == "finished"})
     say(
         f"{ctx.root}: {restored} finished runs restored from {args.from_records}"
+        + (f" (trained at commit {', '.join(commits)}: train the rest with the same code)" if commits else "")
         + (f", {kept} left as they were (their run directories exist)" if kept else "")
         + "; `run` trains and evaluates the rest"
     )

@@ -326,7 +326,12 @@ def test_restore_moves_a_sweep_to_a_new_machine_through_its_records(tmp_path, ca
     shutil.rmtree(root)
     capsys.readouterr()
     assert experiments_main.main(["restore", "table3", f"--from_records={saved}", f"--root={root}", "--seeds=3"]) == 0
-    assert f"{root}: 9 finished runs restored from {saved}; `run` trains" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    commits = {rep["commit"] for rep in records.read(saved)["replicates"] if rep["state"] == "finished"}
+    assert (
+        len(commits) == 1
+        and f"{root}: 9 finished runs restored from {saved} (trained at commit {commits.pop()}: " in said
+    )
     again = runner.parser("status").parse_args(["table3", f"--root={root}"])  # the root's record: mini, 3 seeds
     ctx = Context(again, [])
     states = {rep.name: str(ctx.read(rep).state()) for rep in ctx.units(ctx.sweep.select("base,A1,C1,D1"))}
