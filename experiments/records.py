@@ -67,7 +67,7 @@ def replicate(ctx, rep) -> dict:
     evals = {}
     if row.total_steps is not None:
         for split in (ctx.eval_split, *ctx.more_splits):
-            path = workdir.eval_result(split, [row.total_steps])
+            path = workdir.eval_result(split, [row.total_steps], decode=row.decode)
             if path.exists():
                 evals[split] = rowstate.read_json(path, "the row's evaluation", "delete it and evaluate again")
     info = rowstate.read_json(workdir.run_info, "the run's record", "train again") if workdir.run_info.exists() else {}
@@ -120,10 +120,10 @@ def restore(ctx, doc: dict, source: str) -> tuple[int, int]:
         paths.write_atomic(workdir.metrics, "".join(json.dumps(point) + "\n" for point in record["curve"]))
         paths.write_atomic(workdir.run_info, json.dumps(record["run_info"], indent=2) + "\n")
         workdir.eval.mkdir()
+        decode = ctx.read(rep).decode  # the sweep's search, as the config just written sees it
         for split, result in record["evals"].items():
-            paths.write_atomic(
-                workdir.eval_result(split, result["checkpoint_steps"]), json.dumps(result, indent=2) + "\n"
-            )
+            path = workdir.eval_result(split, result["checkpoint_steps"], decode=decode)
+            paths.write_atomic(path, json.dumps(result, indent=2) + "\n")
         rowstate.write_status(workdir, status)
         state = ctx.read(rep).state(ctx.args.lease_s)
         if state != rowstate.RowStatus.FINISHED:

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from fxformer import paths
+from fxformer import configfile, paths
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 
@@ -92,6 +92,9 @@ class RowState:
     config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
     early_end: int | None = None  # the step at which early stopping ended the run (a plateau), if it did
+    decode: dict = field(
+        default_factory=dict
+    )  # the sweep's decode fields that differ from the config's: in result names
 
     @property
     def total_steps(self) -> int | None:
@@ -150,9 +153,12 @@ class RowState:
         return (total - self.step) / rate
 
 
-def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple[str, ...] = ()) -> RowState:
+def read(
+    workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple[str, ...] = (), decode_flags=()
+) -> RowState:
     """The row's state from its files (missing files are simply absent state): `results` are those
-    of `eval_split`, and a row is finished once `more_splits` have theirs too."""
+    of `eval_split`, and a row is finished once `more_splits` have theirs too; `decode_flags`: the
+    sweep's `--config.decode.*` evaluation flags, which name the results where they change the search."""
     w = paths.Workdir(workdir)
     row = RowState(w)
     if w.sweep_status.exists():
@@ -160,7 +166,9 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
     logged = w.logged()
     if w.config.exists():  # checked as every command checks it
-        row.config = load_workdir_config(w).to_dict()
+        config = load_workdir_config(w)
+        row.config = config.to_dict()
+        row.decode = configfile.decode_changes(config, configfile.overrides(decode_flags), w)
         c = row.config
         plateau = w.early_end(
             c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
@@ -171,10 +179,12 @@ def read(workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple
     row.wall_s = logged[-1].get("wall_s") if logged else None
     total = row.total_steps
     if total is not None:
-        result = w.eval_result(eval_split, [total])
+        result = w.eval_result(eval_split, [total], decode=row.decode)
         if result.exists():
             row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
-        row.unevaluated = [s for s in (eval_split, *more_splits) if not w.eval_result(s, [total]).exists()]
+        row.unevaluated = [
+            s for s in (eval_split, *more_splits) if not w.eval_result(s, [total], decode=row.decode).exists()
+        ]
     return row
 
 

@@ -116,6 +116,13 @@ def resolve(spec: str, pairs: Iterable[tuple[str, str]] = ()) -> ml_collections.
     return resolve_derived(config)
 
 
+def decode_changes(config: ml_collections.ConfigDict, pairs, workdir) -> dict:
+    """The decode fields that the overrides `pairs` set to another value than the trained run's
+    `config` ({"alpha": 1.5}): what names an evaluation's results (`paths.Workdir.eval_result`)."""
+    searched = apply_decode_overrides(config.copy_and_resolve_references(), pairs, workdir)
+    return {key: value for key, value in searched.decode.items() if config.decode.get(key) != value}
+
+
 def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:
     """`--config.decode.x=v` overrides onto the config of the run in `workdir`, and the decode checks;
     any other key is fixed by the trained run."""

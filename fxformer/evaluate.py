@@ -5,10 +5,12 @@
     python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
 
 Restores onto the devices at hand, whatever count trained the run. Writes
-`W/eval/<split>-<step>.json` (bleu, bleu_lc (lowercased), chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's
-signature, the decode settings, ...) and the detokenized translations beside it (`.hyp.txt`,
-with `.ref.txt`). `--config.decode.<field>=<value>` changes the search (strategy, beam_size,
-alpha, beam_variant, max_extra, ...); the model and data are the trained run's.
+`W/eval/<split>-<step>[-avg<k>][-best][-<decode field>=<value>...][-first<n>].json` (bleu, bleu_lc
+(lowercased), chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's signature, the decode
+settings, ...) and the detokenized translations beside it (`.hyp.txt`, with `.ref.txt`).
+`--config.decode.<field>=<value>` changes the search (strategy, beam_size, alpha, beam_variant,
+max_extra, ...; each one that differs from the trained run's is named in the file name, so that no
+search overwrites another's results); the model and data are the trained run's.
 `--hypotheses=FILE` scores an existing translation file (one line per sentence of the split)
 with the same sacreBLEU settings, without a model.
 """
@@ -21,7 +23,7 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, inference, inferflags, paths
+from fxformer import cli, configfile, inference, inferflags, paths
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
@@ -80,7 +82,8 @@ def evaluate(
     hypotheses = best(run.params, f"{options.strategy} search ({split})")
 
     steps = run.steps
-    result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0)
+    changed = configfile.decode_changes(load_workdir_config(workdir), overrides, workdir)
+    result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0, decode=changed)
     results = {
         **scores(hypotheses, references),
         **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},

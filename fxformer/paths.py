@@ -245,11 +245,17 @@ class Workdir:
         """Evaluation results (JSON) and translations."""
         return self.root / "eval"
 
-    def eval_result(self, split: str, steps: list[int], best: bool = False, first: int = 0) -> epath.Path:
-        """`W/eval/<split>-<checkpoint label>[-first<n>].json`: evaluate's results on a split (its
-        translations beside it, `.hyp.txt` and `.ref.txt`); a partial run (the first n
-        sentences) never overwrites the full one."""
-        return self.eval / (f"{split}-{checkpoint_label(steps, best)}" + (f"-first{first}" if first else "") + ".json")
+    def eval_result(
+        self, split: str, steps: list[int], best: bool = False, first: int = 0, decode: dict | None = None
+    ) -> epath.Path:
+        """`W/eval/<split>-<checkpoint label>[-<field>=<value>...][-first<n>].json`: evaluate's results
+        on a split (its translations beside it, `.hyp.txt` and `.ref.txt`); `decode`: the decode
+        fields that differ from the trained run's (`alpha=1.5`), so that another search, or a
+        partial run (the first n sentences), never overwrites the default full one."""
+        searched = "".join(f"-{key}={value}" for key, value in (decode or {}).items())
+        return self.eval / (
+            f"{split}-{checkpoint_label(steps, best)}{searched}" + (f"-first{first}" if first else "") + ".json"
+        )
 
     def checkpoint_steps(self) -> list[int]:
         """The training checkpoints whose saves finished."""

@@ -56,24 +56,26 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in result.stdout
     assert (workdir / "averaged" / "last2" / "20").exists()  # the averaged checkpoint, saved for later use
-    written = json.loads((workdir / "eval" / "test-20-avg2.json").read_text())
+    # the trained run decodes with beam 4: the file names the search that differs, no default result is overwritten
+    written = json.loads((workdir / "eval" / "test-20-avg2-beam_size=2.json").read_text())
+    assert not (workdir / "eval" / "test-20-avg2.json").exists()
     assert written["num_sentences"] == 100 and written["checkpoint_steps"] == [10, 20]
     assert written["ppl"] > 1 and 0 <= written["bleu"] <= 100
-    hyps = (workdir / "eval" / "test-20-avg2.hyp.txt").read_text().splitlines()
+    hyps = (workdir / "eval" / "test-20-avg2-beam_size=2.hyp.txt").read_text().splitlines()
     assert len(hyps) == 100
     _, builder, _ = corpus
     test = corpora.data_source(builder, "test")  # the references are the raw German sentences, in order
     raw = [test[i]["de"].decode("utf-8") for i in range(len(test))]
-    assert (workdir / "eval" / "test-20-avg2.ref.txt").read_text().splitlines() == raw
+    assert (workdir / "eval" / "test-20-avg2-beam_size=2.ref.txt").read_text().splitlines() == raw
     # sacreBLEU's own command on the files evaluate wrote
     cli = subprocess.run(
         [
             sys.executable,
             "-m",
             "sacrebleu",
-            str(workdir / "eval" / "test-20-avg2.ref.txt"),
+            str(workdir / "eval" / "test-20-avg2-beam_size=2.ref.txt"),
             "-i",
-            str(workdir / "eval" / "test-20-avg2.hyp.txt"),
+            str(workdir / "eval" / "test-20-avg2-beam_size=2.hyp.txt"),
             "-b",
             "-w",
             "6",
@@ -87,7 +89,7 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     again = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=1", "--limit=3", devices=1)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (workdir / "eval" / "test-20-first3.json").exists()  # a partial run keeps its own file
-    assert json.loads((workdir / "eval" / "test-20-avg2.json").read_text()) == written
+    assert json.loads((workdir / "eval" / "test-20-avg2-beam_size=2.json").read_text()) == written
 
 
 @pytest.mark.slow

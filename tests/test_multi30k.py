@@ -92,10 +92,10 @@ def test_prepare_train_and_evaluate_on_test2016(multi30k_folder, tmp_path):
         "--config.decode.alpha=1.0",
     )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    result = json.loads((workdir / "eval" / "test-6-avg2.json").read_text())
+    result = json.loads((workdir / "eval" / "test-6-avg2-alpha=1.0-beam_size=2.json").read_text())
     assert result["checkpoint_steps"] == [3, 6] and result["num_sentences"] == 20
     assert result["decode"]["beam_size"] == 2 and result["decode"]["alpha"] == 1.0
     assert 0 <= result["bleu"] <= result["bleu_lc"] <= 100  # lowercasing can only match more
-    references = (workdir / "eval" / "test-6-avg2.ref.txt").read_text()
+    references = (workdir / "eval" / "test-6-avg2-alpha=1.0-beam_size=2.ref.txt").read_text()
     expected = gzip.open(multi30k_folder / "task1" / "raw" / "test_2016_flickr.de.gz", "rt").read()
     assert references == expected  # the written references are the test file, byte for byte

@@ -578,6 +578,26 @@ def test_a_slurm_row_is_held_while_squeue_lists_its_job(tmp_path, monkeypatch):
     assert rowstate.read(workdir, "validation").state() == "stopped"  # ended without results: run again
 
 
+def test_a_sweep_that_decodes_otherwise_than_its_rows_config_finds_the_results_evaluate_names_so(tmp_path):
+    from fxformer import configfile
+
+    workdir = paths.Workdir(tmp_path / "row")
+    workdir.root.mkdir()
+    config = configfile.resolve("configs/default.py", [])  # trained to decode with beam 4, alpha 0.6
+    paths.write_atomic(workdir.config, config.to_json())
+    steps = config.num_train_steps
+    flags = ["--config.decode.beam_size=4", "--config.decode.alpha=1.5"]  # the same beam, another alpha
+    assert configfile.decode_changes(config, configfile.overrides(flags), workdir) == {"alpha": 1.5}
+    assert configfile.decode_changes(config, configfile.overrides(flags[:1]), workdir) == {}
+    workdir.eval.mkdir()
+    for split in ("validation", "test"):  # as fxformer.evaluate --config.decode.alpha=1.5 names them
+        paths.write_atomic(workdir.eval / f"{split}-{steps}-alpha=1.5.json", json.dumps({"bleu": 1.0}))
+    row = rowstate.read(workdir, "validation", ["test"], flags)
+    assert row.decode == {"alpha": 1.5} and row.results == {"bleu": 1.0} and row.unevaluated == []
+    default = rowstate.read(workdir, "validation", ["test"])  # the default search's results are not those
+    assert default.results is None and default.unevaluated == ["validation", "test"]
+
+
 def test_status_collect_and_plot_of_a_root_that_does_not_exist_are_refused(tmp_path, capsys):
     for verb in ("status", "collect", "plot"):
         with left_as_is(tmp_path / "mistyped"):
