@@ -43,15 +43,18 @@ from fxformer.errors import UserError
 from fxformer.model import TransformerConfig, init_params
 from fxformer.tokens import EOS_ID
 
-# Dense peak TFLOP/s per chip by device kind (the start of jax.Device.device_kind) and dtype:
-# vendors' figures without sparsity; float32 on GPUs is TF32 tensor-core math (XLA's default).
+# Dense peak TFLOP/s per chip by device kind (the start of jax.Device.device_kind; the first kind
+# that matches, so a longer name comes before its prefix) and dtype: vendors' figures without
+# sparsity; float32 on GPUs is TF32 tensor-core math (XLA's default).
 PEAK_TFLOPS = {
     "NVIDIA H200": {"bfloat16": 989.0, "float32": 494.0},
+    "NVIDIA H100 PCIe": {"bfloat16": 756.0, "float32": 378.0},
+    "NVIDIA H100 NVL": {"bfloat16": 835.0, "float32": 418.0},
     "NVIDIA H100": {"bfloat16": 989.0, "float32": 494.0},  # SXM
     "NVIDIA A100": {"bfloat16": 312.0, "float32": 156.0},
     "TPU v6": {"bfloat16": 918.0, "float32": 918.0},  # v6e (Trillium)
-    "TPU v5p": {"bfloat16": 459.0, "float32": 459.0},
     "TPU v5 lite": {"bfloat16": 197.0, "float32": 197.0},  # v5e
+    "TPU v5": {"bfloat16": 459.0, "float32": 459.0},  # v5p (its device_kind reads "TPU v5")
     "TPU v4": {"bfloat16": 275.0, "float32": 275.0},
 }
 
@@ -166,6 +169,7 @@ def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
     times = timed_steps(s, steps)
     cost = s.compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    loops = config.grad_accum_steps > 1 or config.loss_chunk_tokens > 0
     real = bench_real_train(config, ids, s.compiled, s.state, s.batch, steps) if ids is not None else {}
     return {
         **real,
@@ -175,7 +179,8 @@ def bench_train(config, steps: int, vocab: int, ids=None) -> dict:
         "compile_s": s.compile_s,
         "step_time_s": statistics.median(times),
         "flops_per_step": train_flops(s.model.config, s.rows, s.length),
-        "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost else None,
+        # XLA's cost analysis counts a loop's body once: no check where the step loops (micro-batches, loss chunks)
+        "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost and not loops else None,
     }
 
 

@@ -120,3 +120,17 @@ def test_bench_with_no_steps_decodes_alone():
     assert "step_time_s" not in out and "compiling the train step" not in result.stderr
     assert out["decode_batch"] == 6 and out["decode_sentences_per_s"] > 0
     assert "decode (beam 4, 6 x 8)" in result.stdout and "s for the batch" in result.stdout
+
+
+def test_each_chip_gets_its_own_peak_and_a_longer_name_comes_before_its_prefix():
+    from types import SimpleNamespace
+
+    from fxformer.bench import peak_tflops
+
+    def peak(kind, dtype="bfloat16"):
+        return peak_tflops(SimpleNamespace(device_kind=kind), dtype)
+
+    assert peak("NVIDIA H100 80GB HBM3") == 989.0 and peak("NVIDIA H100 PCIe") == 756.0
+    assert peak("NVIDIA H100 NVL") == 835.0 and peak("NVIDIA H200") == 989.0
+    assert peak("TPU v5 lite") == 197.0 and peak("TPU v5") == 459.0  # v5e, and v5p as JAX names it
+    assert peak("NVIDIA A100-SXM4-80GB", "float32") == 156.0 and peak("cpu") is None
