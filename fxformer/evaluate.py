@@ -11,8 +11,9 @@ settings, ...) and the detokenized translations beside it (`.hyp.txt`, with `.re
 `--config.decode.<field>=<value>` changes the search (strategy, beam_size, alpha, beam_variant,
 max_extra, ...; each one that differs from the trained run's is named in the file name, so that no
 search overwrites another's results); the model and data are the trained run's.
-`--hypotheses=FILE` scores an existing translation file (one line per sentence of the split)
-with the same sacreBLEU settings, without a model.
+`--hypotheses=FILE` scores an existing translation file (one line per sentence of the split, in
+the order of the `.ref.txt` an evaluation writes: TFDS stores the WMT splits in its own order, not
+the official file's) with the same sacreBLEU settings, without a model.
 """
 
 from __future__ import annotations
@@ -128,7 +129,13 @@ def main() -> None:
     p = inferflags.parser(__doc__, "fxformer.evaluate")
     p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
-    p.add_argument("--hypotheses", default="", help="score this translation file instead of translating")
+    p.add_argument(
+        "--hypotheses",
+        default="",
+        help="score this translation file instead of translating: one line per sentence, in the order fxformer "
+        "reads the split (that of the .ref.txt any evaluation writes; for TFDS's WMT splits not the official "
+        "file's order)",
+    )
     args = inferflags.parse(p)
     if args.hypotheses:
         r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
