@@ -8,7 +8,9 @@ from experiments.cells import first_metric, fraction, share
 from experiments.rows import FRACTIONS, LATE, Row, more_splits
 
 
-def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
+def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[str]:
+    """The lines under the table: what was run and how, how it was judged, the counts; `gaps`: runs
+    whose curves miss a dev evaluation (`records.dev_gaps`)."""
     finished = [r for r in recs if r.results]
     first = finished[0].results if finished else {}
     runs, done = sum(r.seeds_run for r in recs), sum(r.seeds_finished for r in recs)
@@ -37,6 +39,11 @@ def footer(sweep, source: dict, recs: list[Row]) -> list[str]:
         )
     if any(r.end_above_lowest is not None for r in recs):
         lines.append(end_note(recs))
+    if gaps:
+        lines.append(
+            f"Dev evaluations missing from a curve (a stop on an evaluation step, not made up on resume before "
+            f"150f6a7; early stopping counted one fewer there): {'; '.join(gaps)}."
+        )
     lines += [line for m in sweep.metrics if (line := count_line(recs, m))]
     return lines
 

@@ -95,6 +95,21 @@ def curve(workdir: paths.Workdir) -> list[dict]:
     return points
 
 
+def dev_gaps(doc: dict, rows: set[str]) -> list[str]:
+    """'B2.s1 at step 1500' for each replicate of `rows` whose curve misses a dev evaluation that its
+    eval_every_steps called for (a stop on an evaluation step, resumed by code before 150f6a7)."""
+    out = []
+    for rep in doc["replicates"]:
+        every = (rep.get("config") or {}).get("eval_every_steps")
+        evaluated = [point["step"] for point in rep.get("curve", []) if "dev_ppl" in point]
+        if rep["row"] not in rows or not every or not evaluated:
+            continue
+        missing = sorted(set(range(every, evaluated[-1], every)) - set(evaluated))
+        if missing:
+            out.append(f"{rep['name']} at step {', '.join(f'{step:,}' for step in missing)}")
+    return out
+
+
 def restore(ctx, doc: dict, source: str) -> tuple[int, int]:
     """Write each finished replicate of the records `doc` that the root lacks as a run directory,
     so that a sweep moved to a new machine trains only what its records do not hold: config.json,

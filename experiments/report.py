@@ -68,11 +68,11 @@ def layout(ctx: Context, runs) -> list[str]:
 # collect
 
 
-def markdown(sweep, source: dict, recs: list[Row]) -> str:
+def markdown(sweep, recs: list[Row], notes: list[str]) -> str:
     shown = [c for c in columns(sweep) if c.md is not None]
     lines = ["| " + " | ".join(c.md for c in shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(c.md_cell(r) for c in shown) + " |" for r in recs]
-    return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in footer(sweep, source, recs)) + "\n"
+    return "\n".join(lines) + "\n\n" + "\n".join(f"{line}  " for line in notes) + "\n"
 
 
 def to_csv(sweep, recs: list[Row]) -> str:
@@ -90,12 +90,13 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
     recs = gather(ctx, runs, doc)
     source = doc["header"]
     directory.mkdir(parents=True, exist_ok=True)
-    table = markdown(ctx.sweep, source, recs)
+    notes = footer(ctx.sweep, source, recs, records.dev_gaps(doc, {r.row for r in recs}))
+    table = markdown(ctx.sweep, recs, notes)
     document = {
         "sweep": ctx.sweep.name,
         "profile": source["profile"],
         "source": source,
-        "footer": footer(ctx.sweep, source, recs),
+        "footer": notes,
         "rows": [dataclasses.asdict(rec) for rec in recs],
     }
     written = ["table.md", "table.csv", "results.json"]

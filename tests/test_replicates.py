@@ -422,7 +422,8 @@ def test_the_real_text_records_are_the_multi30k_sweep_and_its_pilots():
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
-    table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
+    recs, header = list(rows.values()), records.from_root(ctx, [])["header"]
+    table = report.markdown(ctx.sweep, recs, footer.footer(ctx.sweep, header, recs))
     shown = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
     assert rows["C1"].pilot and rows["D1"].pilot and not rows["A1"].pilot
     assert "C1 (pilot)" in shown and "D1 (pilot)" in shown
@@ -708,6 +709,25 @@ def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():
     assert rows_module.judge(stats.paired({0: nan}, {0: 1.0}), -1) == "1 seed: tie"  # was "1 seed: agree"
 
 
+def test_a_curve_that_misses_a_dev_evaluation_is_named_under_the_table():
+    def rep(name, steps, every=100):
+        return {
+            "row": name.split(".")[0],
+            "name": name,
+            "config": {"eval_every_steps": every},
+            "curve": [{"step": s, "loss": 1.0, **({"dev_ppl": 9.0} if s % every == 0 else {})} for s in steps],
+        }
+
+    whole = rep("A1.s0", range(50, 1001, 50))
+    gap = rep("B2.s1", [s for s in range(50, 2201, 50) if s != 1500])  # the first real-text sweep's B2
+    doc = {"replicates": [whole, gap, rep("C1.s0", [50, 100, 200])]}
+    assert records.dev_gaps(doc, {"A1", "B2", "C1"}) == ["B2.s1 at step 1,500"]  # C1 ended at 200: whole
+    assert records.dev_gaps(doc, {"A1", "B2"}) == ["B2.s1 at step 1,500"]
+    assert records.dev_gaps(doc, {"A1"}) == []  # rows not in the table are not named
+    committed = (REAL / "table.md").read_text()  # collected from the records of that sweep
+    assert "early stopping counted one fewer there): B2 at step 1,500." in committed  # seed 0: plain B2
+
+
 def test_shares_spreads_and_the_headline_in_corner_cases():
     assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
     assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506)] == [
@@ -754,7 +774,8 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
     assert cells.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
     assert cells.steps_cell(rows["A1"]) == "1000/1000, 0 of 3 at a plateau"  # a criterion, and every seed at the cap
-    table = report.markdown(ctx.sweep, records.from_root(ctx, [])["header"], list(rows.values()))
+    recs, header = list(rows.values()), records.from_root(ctx, [])["header"]
+    table = report.markdown(ctx.sweep, recs, footer.footer(ctx.sweep, header, recs))
     assert (
         "finds no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps "
         "(for base: no better dev_ppl in 2 dev evaluations (one every 100 steps), or the cap of 1000 steps), and is"
