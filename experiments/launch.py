@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 
 from experiments import backends
@@ -65,6 +66,16 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     )
 
 
+STOP_REQUESTED = "stop-requested"  # in the run's log directory: `stop` asks that no retry relaunch the run
+
+
+def request_stop(job: Job) -> None:
+    """Mark the run as stopped by `stop`, so that a launch with --retries does not take the status 75
+    its processes answer with for a pre-emption and relaunch them."""
+    if Path(job.logdir).is_dir():  # no log directory: the run is not running here
+        (Path(job.logdir) / STOP_REQUESTED).write_text(f"{time.time()}\n")
+
+
 def inside(path: Path, directory: Path) -> bool:
     """Whether `path` is `directory` or lies under it (neither needs to exist)."""
     return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory))
@@ -95,11 +106,18 @@ def main(verb: str, argv: list[str]) -> int:
         raise UserError(f"--retries must be at least 0, not {args.retries}.")
     job = job_from_args(args, train_flags, need_flags=verb == "launch")
     backend = backends.backend_for(args)
+    if verb == "stop" and not args.dry_run:
+        request_stop(job)
     if verb != "launch":
         return getattr(backend, verb)(job, args.dry_run)
+    stop_request = Path(job.logdir) / STOP_REQUESTED
+    stop_request.unlink(missing_ok=True)  # an earlier run's
     for attempt in range(args.retries + 1):
         launched = backend.launch(job, args.dry_run)
         if launched.outcome != Outcome.STOPPED or attempt == args.retries or launched.interrupted:
+            break
+        if stop_request.exists():
+            say("stopped by `stop`: not relaunched")
             break
         say(f"the run stopped before its last step (status 75); relaunching ({attempt + 1} of {args.retries})")
         backend.before_retry(job)

@@ -240,6 +240,25 @@ def test_local_backend_two_processes_resume_after_sigterm_exactly(tmp_path, data
         assert "fxformer.train" in (workdir / "logs" / f"process_{i}" / "worker.log").read_text()
 
 
+@pytest.mark.slow
+def test_stop_ends_a_launch_with_retries_instead_of_being_taken_for_a_preemption(tmp_path, data_dir, corpus):
+    workdir = tmp_path / "w"
+    launched = local_launch(workdir, data_dir, "--retries=2", num_train_steps=100_000)
+    deadline = time.time() + 300
+    while not (workdir / "metrics.jsonl").exists() or max(logged(workdir), default=0) < 3:
+        assert launched.poll() is None and time.time() < deadline, launched.communicate()[1][-3000:]
+        time.sleep(0.05)
+    stopped = experiments("stop", "--backend=local", "--processes=2", "--", f"--workdir={workdir}")
+    assert stopped.returncode == 0 and stopped.stderr.count("SIGTERM sent") == 2, stopped.stderr
+    out, err = launched.communicate(timeout=300)
+    assert launched.returncode == exitcodes.STOPPED, err[-3000:]  # its processes answered 75: saved, not done
+    assert "stopped by `stop`: not relaunched" in err and "relaunching" not in err
+    assert out.count("resumed from") == 0  # one attempt only
+    again = local_launch(workdir, data_dir, "--retries=1", num_train_steps=max(logged(workdir)) + 2)
+    out, err = again.communicate(timeout=300)  # a new launch is not held by the old request
+    assert again.returncode == exitcodes.OK and "resumed from" in out, err[-3000:]
+
+
 def test_the_coordinator_port_is_free_and_outside_the_kernels_ephemeral_range():
     """bind(0)'s ports come from the ephemeral range, where any outgoing connection can take the
     port between the choice and the coordinator's bind; the local backend's come from outside it."""
