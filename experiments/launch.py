@@ -38,6 +38,7 @@ VERBS = {
     "stop": "ask a run's processes to save and stop (only the processes the launcher started)",
 }
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]*")
+PLAIN_PATH = re.compile(r"[A-Za-z0-9_.=,+~/-]+")
 
 
 def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: bool) -> Job:
@@ -45,14 +46,25 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     workdir = flag_value(train_flags, "workdir")
     if need_flags and not workdir:
         raise UserError("Give fxformer.train's flags after --, with --workdir: -- --config=C --workdir=W.")
-    if any(f == "--distributed" or f.startswith(("--coordinator_address", "--process_id")) for f in train_flags):
+    cluster = ("--coordinator_address", "--process_id", "--num_processes")
+    if any(f == "--distributed" or f.startswith(cluster) for f in train_flags):
         raise UserError("Leave --distributed and the cluster flags to the launcher; it adds them per backend.")
     if args.name and not PLAIN_NAME.fullmatch(args.name):
         raise UserError(f"--name={args.name!r} is not a plain name; use letters, digits and _.=,+- (no / or spaces).")
     name = args.name or (workdir.rstrip("/").rsplit("/", 1)[-1] if workdir else "") or args.default_name
     if not name:
         raise UserError("Give --name=<run name> (or the run's --workdir after --) to say which run.")
+    if not PLAIN_NAME.fullmatch(name):  # it names jobs, log files and remote directories in scripts
+        raise UserError(
+            f"The run name {name!r} (the end of --workdir) is not a plain name; give --name=<letters, "
+            "digits and _.=,+->."
+        )
     logdir = Path(args.logdir) if args.logdir else default_logdir(workdir or "", name)
+    if getattr(args, "backend", "local") != "local" and not PLAIN_PATH.fullmatch(str(logdir)):
+        raise UserError(
+            f"The log directory {str(logdir)!r} has spaces or shell characters, which the {args.backend} "
+            "backend's scripts cannot carry; give --logdir=<a path of letters, digits and /_.=,+-~>."
+        )
     # A refused run leaves its workdir as it was (or absent): the workers' logs wait for train to accept it.
     hold = bool(workdir) and not is_url(workdir) and inside(logdir, Path(os.path.expanduser(workdir)))
     return Job(

@@ -326,3 +326,18 @@ def test_a_run_name_must_be_a_plain_name(name, capsys):
     argv = ["launch", f"--name={name}", "--dry-run", "--", "--config=configs/base.py", "--workdir=/w"]
     assert experiments_main.main(argv) == 2
     assert "is not a plain name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workdir", ["/x/my runs/b$x", "/x/it's"])
+def test_a_run_name_taken_from_the_workdir_must_be_plain_too(workdir, capsys):
+    for backend in ("local", "slurm"):  # pasted into job names and scripts
+        argv = ["launch", f"--backend={backend}", "--dry-run", "--", "--config=configs/base.py", f"--workdir={workdir}"]
+        assert experiments_main.main(argv) == 2
+        assert "(the end of --workdir) is not a plain name; give --name=" in capsys.readouterr().err
+    for backend in ("slurm", "tpu"):  # a plain name in a path with a space: the scripts' log paths
+        argv = ["launch", f"--backend={backend}", "--dry-run", "--", "--config=c.py", "--workdir=/x/my runs/b"]
+        assert experiments_main.main(argv) == 2
+        assert "backend's scripts cannot carry; give --logdir=" in capsys.readouterr().err
+    argv = ["launch", "--name=ok", "--dry-run", "--", "--config=configs/base.py", "--workdir=/w", "--num_processes=4"]
+    assert experiments_main.main(argv) == 2  # the launcher's own flag, which a later one would override
+    assert "Leave --distributed and the cluster flags to the launcher" in capsys.readouterr().err
