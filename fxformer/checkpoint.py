@@ -34,12 +34,14 @@ TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
 
 
 def remove_unfinished(directory: paths.PathLike, log=print) -> None:
-    """Delete the temporary directories of saves that never finished (a kill during a save)."""
+    """Delete the saves that never finished (a kill during a save): temporary directories on a disk,
+    step directories without orbax's commit file in a bucket (`paths.complete_steps`)."""
     directory = paths.as_path(directory)
     if not directory.exists():
         return
+    complete = set(paths.complete_steps(directory))
     for path in directory.iterdir():
-        if TEMPORARY in path.name:
+        if TEMPORARY in path.name or path.name.isdigit() and int(path.name) not in complete:
             log(f"removing {path}: a save that never finished")
             path.rmtree() if path.is_dir() else path.unlink()
 

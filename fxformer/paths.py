@@ -153,11 +153,20 @@ def check_workdir(workdir: PathLike) -> None:
             return
 
 
+COMMIT_FILE = "commit_success.txt"  # orbax's mark of a finished save where it cannot rename (GCS)
+
+
 def complete_steps(directory: PathLike) -> list[int]:
-    """The steps of an orbax directory whose saves finished (an unfinished one is still named
-    `<step>.orbax-checkpoint-tmp...`); [] if the directory is absent."""
+    """The steps of an orbax directory whose saves finished: on a local disk an unfinished one is
+    still named `<step>.orbax-checkpoint-tmp...`; on GCS orbax writes `<step>/` in place and marks
+    it finished with `commit_success.txt`. [] if the directory is absent."""
     directory = as_path(directory)
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+    if not directory.exists():
+        return []
+    steps = [p for p in directory.iterdir() if p.name.isdigit()]
+    if str(directory).startswith("gs://"):
+        steps = [p for p in steps if (p / COMMIT_FILE).exists()]
+    return sorted(int(p.name) for p in steps)
 
 
 HIGHER_IS_BETTER = ("dev_accuracy", "dev_bleu")  # dev metrics whose best is the highest (the others: lowest)

@@ -99,6 +99,18 @@ def test_the_workdir_names_its_results_and_reads_its_metrics_past_damaged_lines(
     assert w.eval_result("validation", [10], best=True).name == "validation-10-best.json"
 
 
+def test_a_checkpoint_in_a_bucket_is_complete_once_orbax_has_written_its_commit_file(fake_bucket):
+    # on GCS orbax writes <step>/ in place (no rename) and marks a finished save with commit_success.txt
+    run = paths.Workdir("gs://bucket/runs/r")
+    (run.checkpoints / "2").mkdir(parents=True)
+    (run.checkpoints / "2" / paths.COMMIT_FILE).write_text("")
+    (run.checkpoints / "3" / "state").mkdir(parents=True)  # a save cut short: no commit file
+    (run.checkpoints / "3" / "state" / "x").write_text("")
+    assert run.checkpoint_steps() == [2]
+    checkpoint.remove_unfinished(run.checkpoints, log=lambda *a: None)  # as a resume does before restoring
+    assert [p.name for p in run.checkpoints.iterdir()] == ["2"]
+
+
 def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_path):
     run = paths.Workdir(tmp_path / "w")
     for path in (run.checkpoints / "4" / "state", run.best / "2", run.tensorboard):
