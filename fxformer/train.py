@@ -523,6 +523,14 @@ def describe(config, workdir: paths.Workdir, state, model, tokenizer, rows: int,
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {config.grad_accum_steps} micro-batch(es)"
     )
+    earlier = json.loads(workdir.run_info.read_text()) if start_step and workdir.run_info.exists() else {}
+    if earlier.get("rows_per_step", rows) != rows:  # the data's position is a batch count, k batches of the rows
+        log(
+            f"warning: this run trained with {earlier['rows_per_step']} rows per step and goes on with {rows} "
+            f"(on {jax.device_count()} devices, whose multiple the rows are rounded to): from step {start_step} on it "
+            "reads the training pairs in another order and place in the epoch than an uninterrupted run; resume "
+            "on as many devices for an exact continuation"
+        )
     if jax.process_index() == 0:
         info = {
             "devices": jax.device_count(),

@@ -352,3 +352,14 @@ def test_sigterm_during_compilation_stops_after_the_first_step_with_nothing_half
     resumed = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not saved or f"resumed from {checkpoints / saved[0]}" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_device_count_that_changes_the_rows_per_step_says_so(tmp_path, data_dir, corpus):
+    workdir = tmp_path / "w"
+    run_train(workdir, data_dir, devices=1, num_train_steps=2, checkpoint_every_steps=2)  # 512 tokens: 16 rows of 32
+    same = run_train(workdir, data_dir, devices=2, num_train_steps=4, checkpoint_every_steps=2)  # 16 rows again
+    assert "resumed from" in same.stdout and "rows per step" not in same.stdout
+    other = run_train(workdir, data_dir, devices=3, num_train_steps=6, checkpoint_every_steps=2)  # 18 rows
+    assert "warning: this run trained with 16 rows per step and goes on with 18 (on 3 devices" in other.stdout
+    assert json.loads((workdir / "run.json").read_text())["rows_per_step"] == 18
