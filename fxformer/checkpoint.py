@@ -10,6 +10,7 @@ Inference reads only the `params` subtree of `state`. An averaged checkpoint
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Sequence
 
@@ -224,6 +225,19 @@ def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_pa
         params = training_params(manager, step, abstract_params)
         total = params if total is None else jax.tree.map(jnp.add, total, params)
     return jax.tree.map(lambda x: x / len(steps), total)
+
+
+def written_at(directory: paths.PathLike, steps: list[int]) -> list[int | None]:
+    """When orbax finished writing each of `steps` (its `_CHECKPOINT_METADATA`), so that a step
+    written again (a retrained run, a resume after divergence) is told from the one seen before."""
+    times = []
+    for step in steps:
+        path = paths.as_path(directory) / str(step) / "_CHECKPOINT_METADATA"
+        try:
+            times.append(json.loads(path.read_text()).get("commit_timestamp_nsecs"))
+        except (OSError, ValueError, AttributeError):  # an older orbax's checkpoint: no such record
+            times.append(None)
+    return times
 
 
 def save_params(manager: ocp.CheckpointManager, step: int, params, meta: dict) -> None:

@@ -164,7 +164,8 @@ def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params,
     """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if averaged there
     from the same steps before, else computed (and saved there for reuse if `keep`)."""
     directory = workdir.averaged(len(steps))
-    params = saved_average(directory, steps, abstract_params)
+    written = checkpoint.written_at(workdir.checkpoints, steps)
+    params = saved_average(directory, steps, written, abstract_params)
     if params is not None:
         return params
     log(f"averaging the parameters of steps {steps}" + ("" if keep else " (in memory)"))
@@ -173,20 +174,21 @@ def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params,
         with checkpoint.open_manager(directory, asynchronous=False) as avg:
             if steps[-1] in avg.all_steps():
                 avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed)
-            checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps})
+            checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps, "written_at": written})
     return params
 
 
-def saved_average(directory, steps: list[int], abstract_params):
+def saved_average(directory, steps: list[int], written: list, abstract_params):
     """The mean parameters of `steps` saved in `directory` (`W/averaged/last<k>`), or None if
-    there is none, or it was averaged from other steps."""
+    there is none, or it was averaged from other steps or from other checkpoints of these steps
+    (`written`: when each was written, `checkpoint.written_at`)."""
     if not directory.exists():
         return None
     with checkpoint.open_manager(directory, asynchronous=False) as avg:
         if steps[-1] not in avg.all_steps():
             return None
         params, meta = checkpoint.kept_params(avg, steps[-1], abstract_params)
-    return params if meta["checkpoint_steps"] == steps else None
+    return params if meta["checkpoint_steps"] == steps and meta.get("written_at") == written else None
 
 
 # ---------------------------------------------------------------------------------------------

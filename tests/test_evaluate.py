@@ -48,6 +48,39 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
 
 
 @pytest.mark.slow
+def test_a_saved_average_is_not_reused_once_one_of_its_checkpoints_is_written_again(eight_device_workdir, tmp_path):
+    from fxformer import inference, paths
+
+    workdir = tmp_path / "w"
+    shutil.copytree(eight_device_workdir, workdir)
+    config = load_workdir_config(workdir)
+    _, _, abstract_state = trainstate.build(
+        config, Tokenizer(workdir / "tokenizer.model").vocab_size, parallel.data_mesh()
+    )
+    said = []
+
+    def average():
+        params, _ = inference.checkpoint_params(paths.Workdir(workdir), 20, 2, abstract_state.params, said.append)
+        return jax.device_get(params)
+
+    first = average()
+    assert said == ["averaging the parameters of steps [10, 20]"] and (workdir / "averaged" / "last2" / "20").exists()
+    np.testing.assert_array_equal(jax.tree.leaves(average())[0], jax.tree.leaves(first)[0])
+    assert len(said) == 1  # the saved average, reused
+    shutil.rmtree(workdir / "checkpoints" / "20")  # step 20 written again (a retrained run): here, step 10's state
+    shutil.copytree(workdir / "checkpoints" / "10", workdir / "checkpoints" / "20")
+    meta = workdir / "checkpoints" / "20" / "_CHECKPOINT_METADATA"
+    written = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**written, "commit_timestamp_nsecs": written["commit_timestamp_nsecs"] + 1}))
+    again = average()
+    assert said[1:] == ["averaging the parameters of steps [10, 20]"]  # computed anew, not the stale one
+    with checkpoint.open_manager(workdir / "checkpoints", asynchronous=False) as manager:
+        ten = jax.device_get(checkpoint.restore_training_state(manager, 10, abstract_state).params)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(ten)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # the mean of two copies of step 10
+
+
+@pytest.mark.slow
 def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_workdir, corpus, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
