@@ -34,13 +34,16 @@ def plus_minus(value, spread, sign: bool = False) -> str:
 
 
 def p_value(p: float | None) -> str:
-    """'p=0.042', 'p<0.001'; a p that would round to the level (0.0495 to 0.0505) keeps a fourth
-    decimal, so that 'p=0.050' never stands beside a verdict it does not show ('p=0.0497')."""
+    """'p=0.042', 'p<0.001'; a p that would round to the level keeps more decimals, so that
+    'p=0.050' never stands beside a verdict it does not show ('p=0.0497', 'p=0.04996')."""
     if p is None:
         return ""
     if p < 0.001:
         return "p<0.001"
-    return f"p={p:.4f}" if f"{p:.3f}" == f"{stats.ALPHA:.3f}" else f"p={p:.3f}"
+    for digits in (3, 4, 5, 6):
+        if float(text := f"{p:.{digits}f}") != stats.ALPHA:
+            return f"p={text}"
+    return f"p={p:.3g}"
 
 
 def interval(rec: Row, m: str) -> str:
@@ -55,7 +58,7 @@ def t_cell(rec: Row, m: str) -> str:
     """'9.73 (2), p=0.010': t, its degrees of freedom and the two-sided p."""
     if rec.p[m] is None:
         return ""
-    t = "no spread" if rec.t[m] is None else f"{rec.t[m]:.2f}"
+    t = "no spread" if rec.t[m] is None and rec.p[m] == rec.p[m] else "n/a" if rec.t[m] is None else f"{rec.t[m]:.2f}"
     return f"{t} ({rec.df[m]}), {p_value(rec.p[m])}"
 
 

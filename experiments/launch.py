@@ -123,7 +123,8 @@ def main(verb: str, argv: list[str]) -> int:
     if verb != "launch":
         return getattr(backend, verb)(job, args.dry_run)
     stop_request = Path(job.logdir) / STOP_REQUESTED
-    stop_request.unlink(missing_ok=True)  # an earlier run's
+    if not args.dry_run:
+        stop_request.unlink(missing_ok=True)  # an earlier run's
     for attempt in range(args.retries + 1):
         launched = backend.launch(job, args.dry_run)
         if launched.outcome != Outcome.STOPPED or attempt == args.retries or launched.interrupted:
@@ -133,6 +134,9 @@ def main(verb: str, argv: list[str]) -> int:
             break
         say(f"the run stopped before its last step (status 75); relaunching ({attempt + 1} of {args.retries})")
         backend.before_retry(job)
+        if stop_request.exists():  # `stop` while the machines were made ready again
+            say("stopped by `stop`: not relaunched")
+            break
     if launched.outcome == Outcome.STOPPED and not args.dry_run:
         say("stopped before the last step, checkpoint saved: launch the same command again to resume")
     return launched.status if launched.outcome != Outcome.SUBMITTED else exitcodes.OK

@@ -47,6 +47,7 @@ from fxformer.tokens import EOS_ID
 # that matches, so a longer name comes before its prefix) and dtype: vendors' figures without
 # sparsity; float32 on GPUs is TF32 tensor-core math (XLA's default).
 PEAK_TFLOPS = {
+    "NVIDIA H200 NVL": {"bfloat16": 835.0, "float32": 418.0},
     "NVIDIA H200": {"bfloat16": 989.0, "float32": 494.0},
     "NVIDIA H100 PCIe": {"bfloat16": 756.0, "float32": 378.0},
     "NVIDIA H100 NVL": {"bfloat16": 835.0, "float32": 418.0},

@@ -228,8 +228,9 @@ def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_pa
 
 
 def written_at(directory: paths.PathLike, steps: list[int]) -> list[int | None]:
-    """When orbax finished writing each of `steps` (its `_CHECKPOINT_METADATA`), so that a step
-    written again (a retrained run, a resume after divergence) is told from the one seen before."""
+    """When orbax finished writing each of `steps` (its `_CHECKPOINT_METADATA`; None where an older
+    orbax recorded no such time), so that a step written again (a retrained run, a resume after
+    divergence) is told from the one seen before."""
     times = []
     for step in steps:
         path = paths.as_path(directory) / str(step) / "_CHECKPOINT_METADATA"

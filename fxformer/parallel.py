@@ -104,12 +104,14 @@ class GlobalBatches:
     step comes, so that the copy to the devices overlaps the step before (asynchronous dispatch).
 
     Its state (`get_state`, `set_state`, as orbax's grain handler saves it) is the iterator's at
-    the next batch the loop has not taken: batches placed ahead are made again after a restore.
+    the next batch the loop has not taken (batches placed ahead are made again after a restore),
+    with the global rows per step it counted batches of (`restored_rows` after a restore).
     """
 
-    def __init__(self, mesh: Mesh, batches, ahead: int = 0):
-        self.mesh, self.batches, self.ahead = mesh, batches, ahead
+    def __init__(self, mesh: Mesh, batches, ahead: int = 0, rows: int = 0):
+        self.mesh, self.batches, self.ahead, self.rows = mesh, batches, ahead, rows
         self.placed: list[tuple[dict, dict, dict]] = []  # (state before, local batch, global batch)
+        self.restored_rows: int | None = None  # the rows per step of the restored state (None: not recorded)
 
     def __iter__(self):
         return self
@@ -130,11 +132,14 @@ class GlobalBatches:
 
     def get_state(self) -> bytes:
         state = self.placed[0][0] if self.placed else self.batches.get_state()
-        return json.dumps(state, indent=4).encode()
+        return json.dumps({"rows_per_step": self.rows, "iterator": state}, indent=4).encode()
 
     def set_state(self, state: bytes) -> None:
         self.placed.clear()
-        self.batches.set_state(json.loads(state))
+        saved = json.loads(state)
+        if isinstance(saved, dict) and saved.keys() == {"rows_per_step", "iterator"}:
+            self.restored_rows, saved = saved["rows_per_step"] or None, saved["iterator"]
+        self.batches.set_state(saved)  # a checkpoint written before 2026-11-27: the iterator's state alone
 
     def start_prefetch(self) -> None:  # orbax's grain handler calls it after a restore
         pass

@@ -288,7 +288,7 @@ class Loop:
         train_ds, lengths = pipeline.train_dataset(
             ids, config.data, rows, config.data.shuffle_seed, jax.process_index(), jax.process_count()
         )
-        data_iterator = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch)
+        data_iterator = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch, rows)
         dev_bleu = None
         if config.dev_bleu_every_steps > 0:
             dev_source = corpora.data_source(builder, config.data.eval_split)
@@ -506,6 +506,14 @@ def restore_or_start(config, workdir: paths.Workdir, model, tx, abstract_state, 
     if start_step:
         state = checkpoint.restore_training_state(manager, start_step, abstract_state, data_iterator)
         log(f"resumed from {workdir.checkpoints / str(start_step)}")
+        before, rows = data_iterator.restored_rows, data_iterator.rows
+        if before and before != rows:  # the data's position is a count of batches of the rows
+            log(
+                f"warning: this run trained with {before} rows per step and goes on with {rows} (on "
+                f"{jax.device_count()} devices, whose multiple the rows are rounded to): from step {start_step} on "
+                "it reads the training pairs in another order and place in the epoch than an uninterrupted run; "
+                "resume on as many devices for an exact continuation"
+            )
         return manager, state, start_step
     if workdir.logged():
         log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
@@ -523,14 +531,6 @@ def describe(config, workdir: paths.Workdir, state, model, tokenizer, rows: int,
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {config.grad_accum_steps} micro-batch(es)"
     )
-    earlier = json.loads(workdir.run_info.read_text()) if start_step and workdir.run_info.exists() else {}
-    if earlier.get("rows_per_step", rows) != rows:  # the data's position is a batch count, k batches of the rows
-        log(
-            f"warning: this run trained with {earlier['rows_per_step']} rows per step and goes on with {rows} "
-            f"(on {jax.device_count()} devices, whose multiple the rows are rounded to): from step {start_step} on it "
-            "reads the training pairs in another order and place in the epoch than an uninterrupted run; resume "
-            "on as many devices for an exact continuation"
-        )
     if jax.process_index() == 0:
         info = {
             "devices": jax.device_count(),

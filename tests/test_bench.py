@@ -131,6 +131,6 @@ def test_each_chip_gets_its_own_peak_and_a_longer_name_comes_before_its_prefix()
         return peak_tflops(SimpleNamespace(device_kind=kind), dtype)
 
     assert peak("NVIDIA H100 80GB HBM3") == 989.0 and peak("NVIDIA H100 PCIe") == 756.0
-    assert peak("NVIDIA H100 NVL") == 835.0 and peak("NVIDIA H200") == 989.0
+    assert peak("NVIDIA H100 NVL") == 835.0 and peak("NVIDIA H200") == 989.0 and peak("NVIDIA H200 NVL") == 835.0
     assert peak("TPU v5 lite") == 197.0 and peak("TPU v5") == 459.0  # v5e, and v5p as JAX names it
     assert peak("NVIDIA A100-SXM4-80GB", "float32") == 156.0 and peak("cpu") is None

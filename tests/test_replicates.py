@@ -707,6 +707,8 @@ def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():
         assert rows_module.judge(test, 1) == "tie"
     assert stats.sign(stats.paired({0: 2.0, 1: nan}, {0: 1.0, 1: 1.0})) == 0  # was p = 0: "disagree"
     assert rows_module.judge(stats.paired({0: nan}, {0: 1.0}), -1) == "1 seed: tie"  # was "1 seed: agree"
+    shown = types.SimpleNamespace(t={"ppl": None}, p={"ppl": nan}, df={"ppl": 2})
+    assert cells.t_cell(shown, "ppl") == "n/a (2), p=nan"  # not "no spread": that is differences all equal
 
 
 def test_a_curve_that_misses_a_dev_evaluation_is_named_under_the_table():
@@ -730,12 +732,14 @@ def test_a_curve_that_misses_a_dev_evaluation_is_named_under_the_table():
 
 def test_shares_spreads_and_the_headline_in_corner_cases():
     assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
-    assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506)] == [
+    assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506, 0.04996, 0.05)] == [
         "p<0.001",
         "p=0.012",
         "p=0.0497",
         "p=0.0503",
-        "p=0.051",  # never "p=0.050" beside "agree"
+        "p=0.051",
+        "p=0.04996",  # never "p=0.050" (or 0.0500) beside "agree"
+        "p=0.05",  # the level itself: a tie
     ]
     mean, sd = stats.mean_sd([float("nan"), 1.0])  # a diverged seed's NaN is shown, not a crash
     assert math.isnan(mean) and math.isnan(sd)

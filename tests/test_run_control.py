@@ -363,3 +363,25 @@ def test_a_resume_on_a_device_count_that_changes_the_rows_per_step_says_so(tmp_p
     other = run_train(workdir, data_dir, devices=3, num_train_steps=6, checkpoint_every_steps=2)  # 18 rows
     assert "warning: this run trained with 16 rows per step and goes on with 18 (on 3 devices" in other.stdout
     assert json.loads((workdir / "run.json").read_text())["rows_per_step"] == 18
+
+
+def test_the_data_state_records_its_rows_per_step_and_reads_an_older_one_without_them():
+    from fxformer import parallel
+
+    class Batches:  # a stand-in for grain's iterator: its state, as grain gives it
+        state = {"next_index": 7}
+
+        def get_state(self):
+            return dict(self.state)
+
+        def set_state(self, state):
+            self.state = state
+
+    saved = parallel.GlobalBatches(None, Batches(), rows=16).get_state()
+    assert json.loads(saved) == {"rows_per_step": 16, "iterator": {"next_index": 7}}
+    restored = parallel.GlobalBatches(None, Batches(), rows=18)
+    restored.set_state(saved)
+    assert restored.restored_rows == 16 and restored.batches.state == {"next_index": 7}
+    older = parallel.GlobalBatches(None, Batches(), rows=18)
+    older.set_state(json.dumps({"next_index": 5}).encode())  # a checkpoint written before the rows were
+    assert older.restored_rows is None and older.batches.state == {"next_index": 5}
