@@ -38,7 +38,7 @@ VERBS = {
     "stop": "ask a run's processes to save and stop (only the processes the launcher started)",
 }
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]*")
-PLAIN_PATH = re.compile(r"[A-Za-z0-9_.=,+~/-]+")
+PLAIN_PATH = re.compile(r"[A-Za-z0-9_.=,+/-]+")  # no ~: #SBATCH lines do not expand it, bash does
 
 
 def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: bool) -> Job:
@@ -63,7 +63,7 @@ def job_from_args(args: argparse.Namespace, train_flags: list[str], need_flags: 
     if getattr(args, "backend", "local") != "local" and not PLAIN_PATH.fullmatch(str(logdir)):
         raise UserError(
             f"The log directory {str(logdir)!r} has spaces or shell characters, which the {args.backend} "
-            "backend's scripts cannot carry; give --logdir=<a path of letters, digits and /_.=,+-~>."
+            "backend's scripts cannot carry; give --logdir=<a path of letters, digits and /_.=,+->."
         )
     # A refused run leaves its workdir as it was (or absent): the workers' logs wait for train to accept it.
     hold = bool(workdir) and not is_url(workdir) and inside(logdir, Path(os.path.expanduser(workdir)))
