@@ -45,10 +45,21 @@ def read_metrics(workdir: paths.PathLike) -> list[dict]:
     return logged
 
 
+def labels(workdirs: list[str]) -> list[str]:
+    """Each run's label: the fewest last parts of its path that tell the runs apart (`default` for
+    one run; `x/default` and `y/default` beside each other)."""
+    parts = [[p for p in str(w).split("/") if p] or [str(w)] for w in workdirs]
+    for n in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-n:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{'/'.join(p)} ({i + 1})" for i, p in enumerate(parts)]  # the same run given twice
+
+
 def plot(workdirs: list[str], out: paths.PathLike, x: str = "step", keys: tuple[str, ...] = ()) -> None:
     """The PANELS (those named in `keys`, else all) that the runs logged, against `x`."""
     plt = png.pyplot()
-    runs = {str(w).rstrip("/").rsplit("/", 1)[-1] or str(w): read_metrics(w) for w in workdirs}
+    runs = {name: read_metrics(w) for name, w in zip(labels(workdirs), workdirs)}
     chosen = [p for p in PANELS if not keys or p[0] in keys]
     panels = [p for p in chosen if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
     if not panels:

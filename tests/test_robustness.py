@@ -106,6 +106,15 @@ def test_divergence_watch():
     assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
 
 
+def test_runs_overlaid_by_plot_are_labelled_by_as_much_of_their_paths_as_tells_them_apart():
+    from fxformer.plot import labels
+
+    assert labels(["runs/x/default", "runs/y/default"]) == ["x/default", "y/default"]  # once both were "default"
+    assert labels(["runs/a", "runs/b/"]) == ["a", "b"] and labels(["/w"]) == ["w"]
+    assert labels(["gs://bucket/x/r", "/local/x/r"]) == ["bucket/x/r", "local/x/r"]
+    assert labels(["w", "w"]) == ["w (1)", "w (2)"]
+
+
 @pytest.mark.slow
 def test_plot_writes_learning_curves(tmp_path):
     import json as _json
