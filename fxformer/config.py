@@ -211,7 +211,17 @@ def validate(config: ml_collections.ConfigDict, backend: str | None = None, proc
     _check_training(config)
     _check_data(config, processes)
     _check_model(config.model, backend)
-    DecodeOptions.of(config.decode)
+    check_decode(config)
+
+
+def check_decode(config: ml_collections.ConfigDict) -> None:
+    """The decode section's values, and room in the model's positions for an input beside its output."""
+    options = DecodeOptions.of(config.decode)
+    if options.max_extra >= config.model.max_len:
+        raise UserError(
+            f"decode.max_extra ({options.max_extra}) must be below model.max_len ({config.model.max_len}): a "
+            "translation is at most input length + max_extra positions of the model's; e.g. 50."
+        )
 
 
 def _check_training(config: ml_collections.ConfigDict) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from fxformer.config import DecodeOptions, kind_of, resolve_derived, walk
+from fxformer.config import check_decode, kind_of, resolve_derived, walk
 from fxformer.errors import UserError
 
 
@@ -133,5 +133,5 @@ def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) ->
                 "only --config.decode.<field> overrides are taken here."
             )
         apply_override(config, key, raw)
-    DecodeOptions.of(config.decode)
+    check_decode(config)
     return config

@@ -145,6 +145,7 @@ REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's wor
      {"backend": "gpu"}, "needs attention_dropout_rate 0"),
     ({"model.attention_impl": "cudnn"}, {"backend": "gpu"}, "model.attention_impl=cudnn needs dtype bfloat16"),
     ({"decode.strategy": "nucleus"}, {}, "decode.strategy must be one of beam, greedy, sample, not 'nucleus'"),
+    ({"decode.max_extra": 4096}, {}, "decode.max_extra (4096) must be below model.max_len"),
     ({"decode.beam_variant": "wide"}, {}, "decode.beam_variant must be live or t2t, not 'wide'"),
     *(({f"decode.{key}": low - 1}, {}, f"decode.{key} must be at least {low}")
       for key, low in (("beam_size", 1), ("nbest", 1), ("max_extra", 0), ("top_k", 0), ("alpha", 0))),

@@ -56,6 +56,7 @@ def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(ei
     for flag, words in (
         ("--config.model.d_model=8", "fixed by the trained run"),
         ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
+        ("--config.decode.max_extra=1000", "decode.max_extra (1000) must be below model.max_len (96)"),
         ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
         ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'"),
     ):
