@@ -98,6 +98,10 @@ def main() -> None:
     if unknown:
         raise UserError(f"--panels: {', '.join(unknown)} is not a panel; choose from {', '.join(PANEL_KEYS)}.")
     out = args.out or str(paths.as_path(args.workdir[0]) / "curves.png")
+    target = paths.as_path(out)
+    if args.out and not paths.is_url(out) and (target.is_dir() or not target.parent.is_dir()):
+        what = "is a directory" if target.is_dir() else f"is in a folder that does not exist ({target.parent})"
+        raise UserError(f"--out={out} {what}; give a PNG file in an existing folder, e.g. --out=curves.png.")
     plot(args.workdir, out, args.x, keys)
     print(f"written: {out}")
 

@@ -347,6 +347,8 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
         ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
         ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
         ([w, "--source=The dog.", "--name=../x"], "not a plain folder name"),
+        ([w, "--source=The dog.", "--dpi=nan"], "--dpi=nan is not a resolution"),
+        ([w, "--source=The dog.", "--dpi=0"], "--dpi=0 is not a resolution"),
     ):
         with left_as_is(empty, eight_device_workdir):
             result = command("fxformer.attention_maps", *args)

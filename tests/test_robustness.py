@@ -115,6 +115,28 @@ def test_runs_overlaid_by_plot_are_labelled_by_as_much_of_their_paths_as_tells_t
     assert labels(["w", "w"]) == ["w (1)", "w (2)"]
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["fxformer.data", "--config=configs/default.py", "--packing_batches=0"],
+            "--packing_batches must be at least 1",
+        ),
+        (
+            ["fxformer.data", "--config=configs/default.py", "--baseline_pairs=-1"],
+            "--baseline_pairs must be at least 1",
+        ),
+        (["fxformer.plot", "--workdir=W", "--out=/nonexistent-folder/x.png"], "is in a folder that does not exist"),
+        (["fxformer.plot", "--workdir=W", "--out=W"], "is a directory; give a PNG file"),
+    ],
+)
+def test_bad_flags_of_data_and_plot_are_one_sentence(argv, words, tmp_path):
+    argv = [a.replace("W", str(tmp_path)) for a in argv]
+    result = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert words in result.stderr
+
+
 @pytest.mark.slow
 def test_plot_writes_learning_curves(tmp_path):
     import json as _json

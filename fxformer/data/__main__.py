@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from fxformer import cli
+from fxformer import cli, paths
 from fxformer.config import validate
 from fxformer.data import baseline, corpora, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
@@ -58,6 +58,11 @@ def main() -> None:
     args, config = cli.parse(p)
     if config is None:
         raise UserError("Give --config=<config file>, e.g. --config=configs/default.py.")
+    for flag in ("packing_batches", "baseline_pairs"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} must be at least 1, not {getattr(args, flag)}.")
+    if args.workdir:
+        paths.check_workdir(args.workdir)
     validate(config)
     data = config.data
     start = time.time()
