@@ -44,7 +44,11 @@ def main() -> None:
     args = inferflags.parse(p)
     if args.batch_size < 0:
         raise UserError(f"--batch_size must be a number of sentences (0: the config's), not {args.batch_size}.")
+    if sys.stdout is None:  # `translate >&-`: nowhere to write, found before any work
+        raise UserError("Standard output is closed; redirect it to a file (> out.txt).")
     if args.input == "-":
+        if sys.stdin is None:
+            raise UserError("Standard input is closed; give --input=FILE or pipe the sentences in.")
         data = sys.stdin.buffer.read()
     else:
         try:

@@ -315,3 +315,18 @@ def test_refusals_write_nothing_and_the_corrected_command_trains(tmp_path, data_
     assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 6
     history = [json.loads(line) for line in (workdir / "config-history.jsonl").read_text().splitlines()]
     assert history == [{"step": 4, "time": history[0]["time"], "changed": {"num_train_steps": [4, 6]}}]
+
+
+@pytest.mark.parametrize("closed, words", [(0, "Standard input is closed"), (1, "Standard output is closed")])
+def test_translate_with_a_closed_stdin_or_stdout_says_so_before_any_work(closed, words, tmp_path):
+    import os
+
+    argv = [sys.executable, "-m", "fxformer.translate", f"--workdir={tmp_path}"]  # no run there: refused later
+    result = subprocess.run(
+        argv,
+        capture_output=closed == 0,
+        stderr=subprocess.PIPE if closed else None,
+        preexec_fn=lambda: os.close(closed),
+        text=True,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and words in result.stderr, result.stderr
