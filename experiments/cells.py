@@ -4,6 +4,7 @@ table.csv, both defined by one list (`columns`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from experiments import stats
@@ -58,7 +59,10 @@ def t_cell(rec: Row, m: str) -> str:
     """'9.73 (2), p=0.010': t, its degrees of freedom and the two-sided p."""
     if rec.p[m] is None:
         return ""
-    t = "no spread" if rec.t[m] is None and rec.p[m] == rec.p[m] else "n/a" if rec.t[m] is None else f"{rec.t[m]:.2f}"
+    if rec.t[m] is not None:
+        t = f"{rec.t[m]:.2f}"
+    else:  # differences all equal, or a diverged seed's NaN
+        t = "n/a" if math.isnan(rec.p[m]) else "no spread"
     return f"{t} ({rec.df[m]}), {p_value(rec.p[m])}"
 
 

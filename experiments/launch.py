@@ -125,17 +125,22 @@ def main(verb: str, argv: list[str]) -> int:
     stop_request = Path(job.logdir) / STOP_REQUESTED
     if not args.dry_run:
         stop_request.unlink(missing_ok=True)  # an earlier run's
+
+    def stopped_by_user() -> bool:
+        asked = stop_request.exists()
+        if asked:
+            say("stopped by `stop`: not relaunched")
+        return asked
+
     for attempt in range(args.retries + 1):
         launched = backend.launch(job, args.dry_run)
         if launched.outcome != Outcome.STOPPED or attempt == args.retries or launched.interrupted:
             break
-        if stop_request.exists():
-            say("stopped by `stop`: not relaunched")
+        if stopped_by_user():
             break
         say(f"the run stopped before its last step (status 75); relaunching ({attempt + 1} of {args.retries})")
         backend.before_retry(job)
-        if stop_request.exists():  # `stop` while the machines were made ready again
-            say("stopped by `stop`: not relaunched")
+        if stopped_by_user():  # `stop` while the machines were made ready again
             break
     if launched.outcome == Outcome.STOPPED and not args.dry_run:
         say("stopped before the last step, checkpoint saved: launch the same command again to resume")

@@ -224,13 +224,10 @@ def judge(test: stats.Paired, reference: int | None) -> str:
     if test.mean is None or reference is None:
         return ""
     if test.pairs < 2:  # no spread to judge by: the raw sign, marked
-        raw = (
-            "tie"
-            if test.mean == 0 or math.isnan(test.mean)
-            else "agree"
-            if (test.mean > 0) == (reference > 0)
-            else "disagree"
-        )
+        if test.mean == 0 or math.isnan(test.mean):
+            raw = "tie"
+        else:
+            raw = "agree" if (test.mean > 0) == (reference > 0) else "disagree"
         return f"1 seed: {raw}" if reference else "1 seed: paper tie"
     return stats.verdict(stats.sign(test), reference, test.pairs)
 

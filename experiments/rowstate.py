@@ -92,9 +92,8 @@ class RowState:
     config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
     early_end: int | None = None  # the step at which early stopping ended the run (a plateau), if it did
-    decode: dict = field(
-        default_factory=dict
-    )  # the sweep's decode fields that differ from the config's: in result names
+    # the sweep's decode fields that differ from the config's, which name its results
+    decode: dict = field(default_factory=dict)
 
     @property
     def total_steps(self) -> int | None:

@@ -121,7 +121,8 @@ class Shard:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.pop("split", None), state.pop("_kept", None)
+        for cached in ("split", "_overlong", "_kept"):  # rebuilt from the loader: not pickled
+            state.pop(cached, None)
         return state
 
     @functools.cached_property
@@ -129,19 +130,24 @@ class Shard:
         return self.load_split()
 
     @functools.cached_property
+    def _overlong(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indices of this shard's examples, whether each is longer than `max_length` on either side)."""
+        mine = np.arange(self.shard, len(self.split), self.num_shards)
+        return mine, np.maximum(self.split.inputs.lengths[mine], self.split.targets.lengths[mine]) > self.max_length
+
+    @functools.cached_property
     def _kept(self) -> tuple[np.ndarray, dict]:
         """(indices of this shard's examples training keeps, every example's lengths clipped)."""
         lengths = {key: getattr(self.split, key).lengths for key in KEYS}
-        mine = np.arange(self.shard, len(self.split), self.num_shards)
+        mine, overlong = self._overlong
         if self.overlong == "drop":
-            mine = mine[np.maximum(lengths["inputs"][mine], lengths["targets"][mine]) <= self.max_length]
+            mine = mine[~overlong]
         return mine, {key: np.minimum(value, self.max_length) for key, value in lengths.items()}
 
     def counts(self) -> tuple[int, int]:
         """(examples of the shard, those longer than `max_length` on either side: dropped or truncated)."""
-        mine = np.arange(self.shard, len(self.split), self.num_shards)
-        longest = np.maximum(self.split.inputs.lengths[mine], self.split.targets.lengths[mine])
-        return len(mine), int((longest > self.max_length).sum())
+        mine, overlong = self._overlong
+        return len(mine), int(overlong.sum())
 
     @functools.lru_cache(maxsize=2)  # noqa: B019 - a shard lives as long as its pipeline
     def plan(self, epoch: int) -> Plan:
