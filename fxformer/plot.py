@@ -60,6 +60,9 @@ def plot(workdirs: list[str], out: paths.PathLike, x: str = "step", keys: tuple[
     """The PANELS (those named in `keys`, else all) that the runs logged, against `x`."""
     plt = png.pyplot()
     runs = {name: read_metrics(w) for name, w in zip(labels(workdirs), workdirs)}
+    if without := [name for name, lines in runs.items() if all(x_value(m, x) is None for m in lines)]:
+        wanted = "wall_s" if x == "minutes" else x
+        raise UserError(f"{', '.join(without)} logged no {wanted} in metrics.jsonl; plot against --x=step instead.")
     chosen = [p for p in PANELS if not keys or p[0] in keys]
     panels = [p for p in chosen if any(p[0] in m for lines in runs.values() for m in lines)]  # dev BLEU if measured
     if not panels:

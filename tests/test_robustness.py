@@ -185,6 +185,8 @@ def test_plot_writes_learning_curves(tmp_path):
     assert [plot.x_value(m, "minutes") for m in timed] == [1.5, 3.0, 4.5]
     bad = subprocess.run([*command, "--panels=dev_bleu,bleu"], capture_output=True, text=True)
     assert bad.returncode == exitcodes.USER_ERROR and "--panels: bleu is not a panel" in bad.stderr
+    no_axis = subprocess.run([*command[:-1], "--x=epochs"], capture_output=True, text=True)  # no line has epochs
+    assert no_axis.returncode == exitcodes.USER_ERROR and "c logged no epochs in metrics.jsonl" in no_axis.stderr
 
 
 @pytest.mark.slow
