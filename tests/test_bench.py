@@ -10,7 +10,8 @@ import pytest
 from conftest import SMALL_DATA, env_with_devices
 from jax.sharding import AxisType, Mesh
 
-from fxformer import bench, configfile, parallel, train, trainstate
+from fxformer import bench, configfile, parallel, tokens, train, trainstate
+from fxformer.data import pipeline
 from fxformer.config import with_overrides
 
 
@@ -83,24 +84,26 @@ def test_bench_prints_a_table_and_a_json_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path, data_dir, corpus):
+def test_bench_measures_the_input_pipeline_and_training_on_real_batches(tmp_path, data_dir, corpus, corpus_ids):
     result = run_bench(
         "--steps=2",
         "--data=real",
         "--pipeline_seconds=1",
         "--decode_batch=0",
         "--config.model.num_layers=1",
-        "--config.data.tokens_per_batch=1024",
         f"--config.data.tfds_data_dir={data_dir}",
         *(f"--config.data.{k}={v}" for k, v in SMALL_DATA.items()),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["data"] == "real" and out["pipeline_target_tokens_per_s"] > 0 and 0.5 < out["pipeline_fill"] <= 1
-    # the pipeline's own count: batches per second times the real target tokens of a batch
-    assert out["pipeline_target_tokens_per_s"] == pytest.approx(
-        out["pipeline_batches_per_s"] * out["pipeline_fill"] * out["tokens_per_step"], rel=1e-6
-    )
+    # its fill against the target tokens (not pads) of the same stream's batches 2-301, counted here
+    data, slots = corpus[0].data, out["tokens_per_step"]  # SMALL_DATA's 256 tokens per batch: 8 rows of 32
+    batches = iter(pipeline.train_dataset(corpus_ids, data, slots // data.max_length, data.shuffle_seed)[0])
+    next(batches)
+    fill = np.mean([(next(batches)["targets"] != tokens.PAD_ID).mean() for _ in range(300)])
+    assert out["pipeline_fill"] == pytest.approx(fill, abs=0.02)
+    assert out["pipeline_target_tokens_per_s"] / out["pipeline_batches_per_s"] == pytest.approx(fill * slots, rel=0.02)
     assert out["real_to_synthetic_step_rate"] > 0 and out["real_train_target_tokens_per_s"] > 0
     assert "input pipeline alone" in result.stdout and "training on real batches" in result.stdout
 
