@@ -11,8 +11,8 @@ from conftest import SMALL_DATA, env_with_devices
 from jax.sharding import AxisType, Mesh
 
 from fxformer import bench, configfile, parallel, tokens, train, trainstate
-from fxformer.data import pipeline
 from fxformer.config import with_overrides
+from fxformer.data import pipeline
 
 
 def xla_train_flops(config) -> float:
