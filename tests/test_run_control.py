@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import env_with_devices, left_as_is, logged, run_train, snapshot, train_command
 
@@ -365,23 +366,25 @@ def test_a_resume_on_a_device_count_that_changes_the_rows_per_step_says_so(tmp_p
     assert json.loads((workdir / "run.json").read_text())["rows_per_step"] == 18
 
 
-def test_the_data_state_records_its_rows_per_step_and_reads_an_older_one_without_them():
+def test_the_data_state_records_its_rows_per_step_and_reads_an_older_one_without_them(corpus, corpus_ids):
     from fxformer import parallel
+    from fxformer.data import pipeline
 
-    class Batches:  # a stand-in for grain's iterator: its state, as grain gives it
-        state = {"next_index": 7}
+    def batches(rows):  # grain's iterator over the small corpus's packed batches, 16 rows each
+        dataset, _ = pipeline.train_dataset(corpus_ids, corpus[0].data, 16, seed=0)
+        return parallel.GlobalBatches(parallel.data_mesh(), iter(dataset), rows=rows)
 
-        def get_state(self):
-            return dict(self.state)
-
-        def set_state(self, state):
-            self.state = state
-
-    saved = parallel.GlobalBatches(None, Batches(), rows=16).get_state()
-    assert json.loads(saved) == {"rows_per_step": 16, "iterator": {"next_index": 7}}
-    restored = parallel.GlobalBatches(None, Batches(), rows=18)
-    restored.set_state(saved)
-    assert restored.restored_rows == 16 and restored.batches.state == {"next_index": 7}
-    older = parallel.GlobalBatches(None, Batches(), rows=18)
-    older.set_state(json.dumps({"next_index": 5}).encode())  # a checkpoint written before the rows were
-    assert older.restored_rows is None and older.batches.state == {"next_index": 5}
+    straight = batches(16)
+    fourth = [next(straight)[0] for _ in range(4)][3]
+    taken = batches(16)
+    for _ in range(3):
+        next(taken)
+    saved = taken.get_state()
+    assert json.loads(saved) == {"rows_per_step": 16, "iterator": json.loads(json.dumps(taken.batches.get_state()))}
+    for state, rows in ((saved, 16), (json.dumps(json.loads(saved)["iterator"]).encode(), None)):  # new, older
+        restored = batches(18)
+        restored.set_state(state)
+        assert restored.restored_rows == rows
+        local, _ = next(restored)
+        for key, value in fourth.items():  # the batch after the saved position, made again
+            np.testing.assert_array_equal(local[key], value, err_msg=key)
