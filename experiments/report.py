@@ -11,7 +11,7 @@ footer of experiments.footer.
 and records.jsonl.gz, the records the table was built from (per replicate: its final
 evaluations and learning curve), from which `--from_records` rebuilds the three others byte
 for byte, with no run directory. `--from_results=results.json` rebuilds them from the final
-figures an older results.json holds (no curves, no test set: those columns stay blank).
+figures a results.json holds (no learning curves: their columns stay blank; test figures where it has them).
 
 Per row and metric: the mean and standard deviation over its seeds, on dev and on the test set;
 the difference from the baseline paired by seed (seed k of a row minus seed k of the baseline)

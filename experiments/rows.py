@@ -220,7 +220,7 @@ def compare(sweep, rec: Row, base: Row | None) -> None:
 
 
 def judge(test: stats.Paired, reference: int | None) -> str:
-    """Our direction against the reference's (see the module docstring)."""
+    """Our direction against the reference's (the rule: experiments.stats)."""
     if test.mean is None or reference is None:
         return ""
     if test.pairs < 2:  # no spread to judge by: the raw sign, marked

@@ -351,7 +351,7 @@ class DecodeOptions:
     searches cannot run is refused in one sentence when it is made (`of` a section)."""
 
     STRATEGIES: ClassVar[tuple[str, ...]] = ("beam", "greedy", "sample")
-    BEAM_VARIANTS: ClassVar[tuple[str, ...]] = ("live", "t2t")  # fxformer's (the paper's), tensor2tensor's
+    BEAM_VARIANTS: ClassVar[tuple[str, ...]] = ("live", "t2t")  # fxformer's; tensor2tensor's (the paper's code)
 
     strategy: str
     beam_size: int

@@ -1,7 +1,7 @@
 """Inference with a trained run, in one place: restore a workdir's parameters (never its optimizer
 state) onto the devices at hand (one checkpoint, the average of k, or the best by dev metric),
 the dev loss, the model's step function for the searches in `decode`, batched translation with
-n-best scores, sacreBLEU. Used by `evaluate`, `translate`, `attention` and the training loop
+n-best scores, sacreBLEU. Used by `evaluate`, `translate`, `attention_maps` and the training loop
 (dev loss, dev BLEU).
 """
 

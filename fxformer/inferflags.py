@@ -1,5 +1,5 @@
 """The command-line flags of the commands that use a trained run (evaluate, translate,
-attention): the workdir, which checkpoint(s), `--config.decode.*` overrides, the cluster.
+attention_maps): the workdir, which checkpoint(s), `--config.decode.*` overrides, the cluster.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def count_parameters(model_config: ml_collections.ConfigDict, vocab_size: int) -
 
 
 def millions(count: int) -> str:
-    """34,304 -> '0.034M', 63,021,568 -> '63.0M': three significant figures below ten million."""
+    """34,304 -> '0.0343M', 63,021,568 -> '63.0M': three significant figures below ten million."""
     return f"{count / 1e6:.3g}M" if count < 10_000_000 else f"{count / 1e6:.1f}M"
 
 

@@ -3,9 +3,9 @@
     python -m fxformer.profile --config=configs/base.py --config.model.dtype=bfloat16 --out=/tmp/prof
 
 Compiles the training step on a synthetic batch of the config's shapes (as `fxformer.bench`
-does), runs a few steps untimed, then traces `--steps` steps with `jax.profiler` and adds up
-the device's time per operation. Each operation of the compiled program is put in one part of
-the model by the names that JAX keeps in its metadata (the Flax module path and the primitive):
+does), runs two untimed and three timed steps (their median is the wall step time), then
+traces `--steps` steps with `jax.profiler` and adds up the device's time per operation. Each
+operation of the compiled program is put in one part of the model by the names that JAX keeps in its metadata (the Flax module path and the primitive):
 dropout (its random bits and masks), the output projection and loss, layer norm, attention,
 feed-forward, embeddings, the optimizer, and the rest (the first that matches, in that order).
 On a GPU, XLA's command buffers (CUDA graphs) hide the operations inside one launch: trace with

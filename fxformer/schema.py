@@ -36,7 +36,7 @@ def defaults() -> ml_collections.ConfigDict:
     config.early_stopping_patience = 0  # stop after this many dev evaluations without a better best_metric
     config.early_stopping_min_delta = 0.0  # better counts only by this share of the last improvement (0.01: 1%)
     config.train_minutes = 0.0  # stop (saving, exit 75) after this many minutes of training (0 = no limit)
-    config.divergence_factor = 4.0  # stop when the loss exceeds 4x the run's best (0 = only non-finite)
+    config.divergence_factor = 4.0  # stop above 4x the run's best and best + 2 nats, or 3 ln(V) (0 = only non-finite)
     config.decode = decode_section()  # how evaluate, translate and dev BLEU search (section 6.1)
     config.average_last = 5  # checkpoints averaged for the final evaluation
     return config

@@ -8,7 +8,9 @@ Three kinds, chosen by `config.data.dataset`:
 - any TFDS translation name, e.g. "wmt14_translate/de-en" (the paper's) or "wmt17_translate/de-en".
 
 Every dataset is read through `builder.as_data_source(split)`: random access to
-{language: bytes} records, which grain shuffles and shards.
+{language: bytes} records, from which the tokenizer is trained and the token ids are stored
+once (`fxformer.data.tokenized`), and which give the references and dev BLEU's sources;
+training reads the stored ids, never these records.
 """
 
 from __future__ import annotations
