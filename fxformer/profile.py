@@ -5,9 +5,10 @@
 Compiles the training step on a synthetic batch of the config's shapes (as `fxformer.bench`
 does), runs two untimed and three timed steps (their median is the wall step time), then
 traces `--steps` steps with `jax.profiler` and adds up the device's time per operation. Each
-operation of the compiled program is put in one part of the model by the names that JAX keeps in its metadata (the Flax module path and the primitive):
-dropout (its random bits and masks), the output projection and loss, layer norm, attention,
-feed-forward, embeddings, the optimizer, and the rest (the first that matches, in that order).
+operation of the compiled program is put in one part of the model by the names that JAX keeps
+in its metadata (the Flax module path and the primitive): dropout (its random bits and masks),
+the output projection and loss, layer norm, attention, feed-forward, embeddings, the optimizer,
+and the rest (the first that matches, in that order).
 On a GPU, XLA's command buffers (CUDA graphs) hide the operations inside one launch: trace with
 `XLA_FLAGS=--xla_gpu_enable_command_buffer=` (on an H100 the base step took 44.7 ms so, against
 bench's 43.7 ms with them). Prints the parts (milliseconds per step and share) and the most
