@@ -173,8 +173,13 @@ def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
     assert status == 0
     table = (Path(ctx.root) / "results" / "table.md").read_text()
     b1 = next(line for line in table.splitlines() if line.startswith("| B1 |"))
-    assert "2.270 ± 0.061" in b1 and "+0.253 [+0.141, +0.365]" in b1  # mean ± sd; paired Δ [95% CI]
-    assert "| 2.017 |" in b1 and "9.73 (2), p=0.010" in b1  # the matched base (seeds 0-2); t (df), p
+    row, base = np.array(HAND_MADE["B1"][0]), np.array(HAND_MADE["base"][0][:3])  # seeds 0-2 of each: the pairs
+    test, diff = scipy_stats.ttest_rel(row, base), row - base
+    ci = test.confidence_interval(0.95)
+    assert f"{row.mean():.3f} ± {row.std(ddof=1):.3f}" == "2.270 ± 0.061" and "2.270 ± 0.061" in b1  # mean ± sd
+    assert f"{diff.mean():+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]" == "+0.253 [+0.141, +0.365]" in b1  # Δ [95% CI]
+    assert f"| {base.mean():.3f} |" == "| 2.017 |" in b1  # the matched base: the mean of the seeds Δ is from
+    assert f"{test.statistic:.2f} ({test.df}), p={test.pvalue:.3f}" == "9.73 (2), p=0.010" in b1  # t (df), p
     c1 = next(line for line in table.splitlines() if line.startswith("| C1 |"))
     assert "2.020 ± n/a" in c1 and "1 seed" in c1
     assert "paired t-test" in table and "log_sd" not in table  # the footer states the rules in words
