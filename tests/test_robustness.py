@@ -44,9 +44,15 @@ def test_params_counts_with_the_configs_vocabulary():
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    expected = count_parameters(config.model, 8000)
+    m = (
+        config.model
+    )  # counted by hand: a shared embedding, N encoder and N decoder layers (post-norm, no biases in attention)
+    assert m.norm == "post" and m.positional == "sinusoidal" and m.d_k == m.d_v == 0  # d_k = d_v = d_model / h
+    V, N, d, f = 8000, m.num_layers, m.d_model, m.d_ff
+    attention, ffn, norm = 4 * d * d, d * f + f + f * d + d, 2 * d  # W^Q, W^K, W^V, W^O; two layers; scale, bias
+    expected = V * d + N * (attention + ffn + 2 * norm) + N * (2 * attention + ffn + 3 * norm)
     assert f"{expected:,} parameters" in out.stdout and "8,000-token" in out.stdout
-    assert expected != count_parameters(config.model, 37000)
+    assert expected == count_parameters(m, 8000) != count_parameters(m, 37000)
 
 
 @pytest.mark.slow
