@@ -110,9 +110,14 @@ def test_a_workdir_from_before_the_decode_section_still_evaluates(eight_device_w
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2t"])
-def test_the_t2t_beam_variant_runs_from_the_command_line(eight_device_workdir, variant):
+def test_the_t2t_beam_variant_runs_from_the_command_line_and_names_its_results(eight_device_workdir, variant):
     out = translate(eight_device_workdir, f"--config.decode.beam_variant={variant}")
     assert len(out.splitlines()) == 4
+    flags = ("--step=20", "--limit=8", f"--config.decode.beam_variant={variant}")
+    evaluated = run("fxformer.evaluate", f"--workdir={eight_device_workdir}", *flags)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    written = json.loads((eight_device_workdir / "eval" / f"test-20-beam_variant={variant}-first8.json").read_text())
+    assert written["decode"]["beam_variant"] == variant  # beside the default search's test-20-first8.json, not over it
 
 
 def test_averaging_passes_over_checkpoints_closer_than_half_the_interval():
