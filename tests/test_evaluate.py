@@ -128,9 +128,14 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
 @pytest.mark.slow
 def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
     lines = "The dog sees the man.\nToday the woman buys a book.\n"
-    result = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=2, stdin=lines)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert len(result.stdout.splitlines()) == 2
+    outputs = []
+    for devices in (2, 1):
+        result = run(
+            "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=devices, stdin=lines
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.splitlines())
+    assert len(outputs[0]) == 2 and outputs[0] == outputs[1]  # the same translations however many devices share them
 
 
 @pytest.mark.slow
