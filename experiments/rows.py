@@ -105,8 +105,8 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
 
 
 def recorded_config(reps: list[dict]) -> dict | None:
-    """The config of a row's first replicate with records (its lowest seed), if any."""
-    return (reps[0].get("config") if reps else None) or None
+    """The config of a row's first replicate with one recorded (its lowest seed that has), if any."""
+    return next((rep["config"] for rep in reps if rep.get("config")), None)
 
 
 def record(sweep, run, reps: list[dict], config: dict, base_config: dict) -> Row:

@@ -369,7 +369,7 @@ def main() -> None:
     if args.name and (not re.fullmatch(r"[\w.-]+", args.name) or args.name in (".", "..")):
         raise UserError(f"--name={args.name} is not a plain folder name; use letters, digits, '-', '_' and '.'.")
     if not 0 < args.dpi < 2000:  # a NaN too
-        raise UserError(f"--dpi={args.dpi:g} is not a resolution; give a positive number of dots per inch, e.g. 100.")
+        raise UserError(f"--dpi={args.dpi:g} is not a resolution; give dots per inch above 0 and below 2000, e.g. 100.")
     check_sentences(args.source, args.target)
     parent = paths.Workdir(args.workdir).root / "attention"
     paths.check_writable(parent, "the figures are written")

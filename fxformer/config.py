@@ -203,29 +203,38 @@ BEST_METRICS = ("", "dev_ppl", "dev_loss", "dev_nll", "dev_accuracy", "dev_bleu"
 EMBEDDED_CORPORA = ("embedded", "embedded2")  # data.dataset of fxformer's own corpora (en -> de)
 
 
-def validate(config: ml_collections.ConfigDict, backend: str | None = None, processes: int = 1) -> None:
+def validate(
+    config: ml_collections.ConfigDict, backend: str | None = None, processes: int = 1, stored: bool = False
+) -> None:
     """Refuse, in one sentence, a config that training cannot run with: every check of a config,
     run before anything is written. `backend` (jax.default_backend()) and `processes`
     (jax.process_count()) describe the machine, for the checks that depend on it (None: a GPU
-    is not asked for)."""
-    _check_training(config)
+    is not asked for). `stored`: a trained run's config read back (`load_workdir_config`), which
+    older code may have written without today's two checks of what a command does with it:
+    early stopping's metric (checked again where a run starts training: its command line's config)
+    and room for the decode length (checked after the `--config.decode` overrides that can
+    repair it, `configfile.apply_decode_overrides`)."""
+    _check_training(config, stored)
     _check_data(config, processes)
     _check_model(config.model, backend)
-    check_decode(config)
+    check_decode(config, room=not stored)
 
 
-def check_decode(config: ml_collections.ConfigDict) -> None:
-    """The decode section's values, and room in the model's positions for an input beside its output."""
+def check_decode(config: ml_collections.ConfigDict, room: bool = True) -> None:
+    """The decode section's values, and (`room`) room in the model's positions for an input beside
+    its output."""
     options = DecodeOptions.of(config.decode)
-    if options.max_extra >= config.model.max_len:
+    if room and options.max_extra >= config.model.max_len:
         raise UserError(
             f"decode.max_extra ({options.max_extra}) must be below model.max_len ({config.model.max_len}): a "
-            "translation is at most input length + max_extra positions of the model's; e.g. 50."
+            f"translation is at most input length + max_extra positions of the model's; e.g. "
+            f"{min(50, max(1, config.model.max_len // 2))}."
         )
 
 
-def _check_training(config: ml_collections.ConfigDict) -> None:
-    """The loop's and the optimizer's numbers, and the metric the best checkpoint is chosen by."""
+def _check_training(config: ml_collections.ConfigDict, stored: bool = False) -> None:
+    """The loop's and the optimizer's numbers, and the metric the best checkpoint is chosen by
+    (`stored`: not early stopping's need of it, see `validate`)."""
     for key, low in AT_LEAST.items():
         value = lookup(config, key)
         if value < low:
@@ -246,7 +255,7 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
     if config.best_metric not in BEST_METRICS:
         names = ", ".join(map(repr, BEST_METRICS))
         raise UserError(f"best_metric must be one of {names}, not {config.best_metric!r}.")
-    if config.early_stopping_patience and not config.best_metric:
+    if config.early_stopping_patience and not config.best_metric and not stored:
         raise UserError(
             "early_stopping_patience counts dev evaluations of best_metric: set best_metric (e.g. dev_ppl) "
             "or early_stopping_patience=0."
@@ -418,7 +427,7 @@ def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     try:
         check_fields(loaded)
         config = upgrade(ml_collections.ConfigDict(loaded))
-        validate(config)
+        validate(config, stored=True)
     except UserError as e:
         reason = str(e).rstrip(".")
         raise UserError(

@@ -347,6 +347,10 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
         ([w, "--source=The dog.", "--name=../x"], "not a plain folder name"),
         ([w, "--source=The dog.", "--dpi=nan"], "--dpi=nan is not a resolution"),
         ([w, "--source=The dog.", "--dpi=0"], "--dpi=0 is not a resolution"),
+        (
+            [w, "--source=The dog.", "--dpi=3000"],
+            "--dpi=3000 is not a resolution; give dots per inch above 0 and below 2000",
+        ),
     ):
         with left_as_is(empty, eight_device_workdir):
             result = command("fxformer.attention_maps", *args)

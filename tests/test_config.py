@@ -281,7 +281,34 @@ def test_a_hand_edited_workdir_config_is_refused_naming_the_file_and_the_key(edi
     assert message.endswith("; correct that file, which records the run's config.") and "\n" not in message
 
 
-WORKDIR_REFUSALS = [(overrides, message) for overrides, machine, message in REFUSALS if not machine]
+# what a command does with a run's config, not the run itself: checked where it starts training or searching
+WHEN_USED = ("early_stopping_patience counts dev evaluations of", "decode.max_extra (4096) must be below")
+WORKDIR_REFUSALS = [
+    (overrides, message)
+    for overrides, machine, message in REFUSALS
+    if not machine and not message.startswith(WHEN_USED)
+]
+
+
+def test_a_run_trained_before_two_checks_still_loads_and_a_decode_override_repairs_it(tmp_path):
+    """Older code wrote patience without best_metric (it never stopped early) and max_extra 50 beside
+    a 48-position model: the run's config reads; a search with it is refused until --config.decode
+    gives room, and training with that combination from the command line is refused."""
+    edits = {"best_metric": "", "early_stopping_patience": 3, "model.max_len": 48, "data.max_length": 32}
+    workdir = written_workdir(tmp_path, lambda written: [set_field(k, v)(written) for k, v in edits.items()])
+    stored = config.load_workdir_config(workdir)
+    assert stored.early_stopping_patience == 3 and stored.decode.max_extra == 50 and stored.model.max_len == 48
+    with pytest.raises(UserError, match=re.escape("decode.max_extra (50) must be below model.max_len (48)")) as e:
+        configfile.apply_decode_overrides(stored.copy_and_resolve_references(), [], workdir)
+    assert str(e.value).endswith("e.g. 24.")  # a value that fits, not the default that does not
+    searched = configfile.apply_decode_overrides(
+        stored.copy_and_resolve_references(), [("decode.max_extra", "8")], workdir
+    )
+    assert searched.decode.max_extra == 8
+    for key in ("early_stopping_patience", "decode.max_extra"):
+        with pytest.raises(UserError, match=re.escape(key)):
+            config.validate(stored)  # the same config on a training command line
+        stored = config.with_overrides(stored, {"early_stopping_patience": 0})
 
 
 @pytest.mark.parametrize("overrides, message", WORKDIR_REFUSALS)

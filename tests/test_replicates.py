@@ -733,6 +733,14 @@ def test_a_curve_that_misses_a_dev_evaluation_is_named_under_the_table():
     assert records.dev_gaps(doc, {"A1"}) == []  # rows not in the table are not named
 
 
+def test_a_rows_config_comes_from_its_first_seed_that_recorded_one():
+    """A row whose seed 0 is pending and seed 1 finished: the config is seed 1's (collect --from_records
+    needs no data files then), not None (which made collect resolve the profile's config)."""
+    pending, finished = {"name": "C5", "config": None}, {"name": "C5.s1", "config": {"model": {"d_model": 128}}}
+    assert rows_module.recorded_config([pending, finished]) == finished["config"]
+    assert rows_module.recorded_config([pending]) is None and rows_module.recorded_config([]) is None
+
+
 def test_the_table_names_the_curves_that_miss_a_dev_evaluation(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     recs, header = gather(ctx, ctx.sweep.select(",".join(FAKE))), records.from_root(ctx, [])["header"]
