@@ -44,7 +44,7 @@ def p_value(p: float | None) -> str:
     for digits in (3, 4, 5, 6):
         if float(text := f"{p:.{digits}f}") != stats.ALPHA:
             return f"p={text}"
-    return f"p={p:.3g}"
+    return f"p<{stats.ALPHA:g}" if p < stats.ALPHA else f"p={p:.3g}"  # within 5e-7 of the level
 
 
 def interval(rec: Row, m: str) -> str:

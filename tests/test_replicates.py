@@ -752,7 +752,7 @@ def test_the_table_names_the_curves_that_miss_a_dev_evaluation(tmp_path):
 
 def test_shares_spreads_and_the_headline_in_corner_cases():
     assert cells.share(-0.004) == "0%" and cells.share(-0.08) == "-8%" and cells.share(0.2) == "20%"
-    assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506, 0.04996, 0.05)] == [
+    assert [cells.p_value(p) for p in (0.0004, 0.0123, 0.0497, 0.0503, 0.0506, 0.04996, 0.05, 0.0499999)] == [
         "p<0.001",
         "p=0.012",
         "p=0.0497",
@@ -760,6 +760,7 @@ def test_shares_spreads_and_the_headline_in_corner_cases():
         "p=0.051",
         "p=0.04996",  # never "p=0.050" (or 0.0500) beside "agree"
         "p=0.05",  # the level itself: a tie
+        "p<0.05",  # below the level by less than six decimals show
     ]
     mean, sd = stats.mean_sd([float("nan"), 1.0])  # a diverged seed's NaN is shown, not a crash
     assert math.isnan(mean) and math.isnan(sd)
