@@ -345,11 +345,12 @@ def translate_examples(
     batches = list(pipeline.eval_batches(examples, batch_size, length, *process, by_length=True))
     start = time.time()
     for i, batch in enumerate(batches):
-        inputs = parallel.global_batch(mesh, {"inputs": batch["inputs"]})["inputs"]
-        outputs, scores = translate(params, inputs, jax.random.fold_in(jax.random.key(seed), i))
-        outputs = multihost_utils.process_allgather(outputs, tiled=True)
-        scores = multihost_utils.process_allgather(scores, tiled=True)
-        index = multihost_utils.process_allgather(batch["index"], tiled=False).reshape(-1)
+        placed = parallel.global_batch(mesh, {"inputs": batch["inputs"], "index": batch["index"]})
+        outputs, scores = translate(params, placed["inputs"], jax.random.fold_in(jax.random.key(seed), i))
+        # the example each global row holds, gathered as the rows are: wherever the mesh puts a process's rows
+        outputs, scores, index = (
+            multihost_utils.process_allgather(a, tiled=True) for a in (outputs, scores, placed["index"])
+        )
         for rows, row_scores, j in zip(np.asarray(outputs), np.asarray(scores), index):
             if j >= 0:
                 out[j] = [(tokenizer.decode(row), float(s)) for row, s in zip(rows, row_scores)]

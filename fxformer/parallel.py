@@ -79,7 +79,9 @@ def round_to_devices(batch_size: int) -> int:
 
 
 def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """This process's rows -> global arrays whose rows span all processes, in process order."""
+    """This process's rows -> global arrays whose rows span all processes: each process's rows on
+    its own devices, wherever the mesh puts them (not necessarily in process order: carry what
+    identifies a row, e.g. an example's index, as a row of its own)."""
     sharding = sharded_rows(mesh)
     out = {}
     for key, value in local_batch.items():

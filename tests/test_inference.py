@@ -129,3 +129,53 @@ def test_averaging_passes_over_checkpoints_closer_than_half_the_interval():
     assert apart([100, 149, 150, 200], 2, 100) == ([150, 200], [])  # 50 apart is half the interval: kept
     assert apart([100, 151, 152, 200], 3, 100) == ([100, 200], [151, 152])  # apart from the last one kept
     assert apart([7], 1, 100) == ([7], [])
+
+
+# One process of two on loopback, each with 2 CPU devices, on a mesh whose device order alternates
+# between the processes (as a TPU pod's physical order may): every translation must come back to its
+# example. The search here copies its input (so a misplaced row shows), the tokenizer's decode joins ids.
+INTERLEAVED = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+port, process = sys.argv[1], int(sys.argv[2])
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+from fxformer import inference
+from fxformer.tokens import EOS_ID
+local = [[d for d in jax.devices() if d.process_index == p] for p in (0, 1)]
+devices = [local[p][k] for k in (0, 1) for p in (0, 1)]
+mesh = Mesh(np.array(devices), ("data",))
+examples = [{"inputs": [10 + j] * (1 + j % 3) + [EOS_ID], "targets": [EOS_ID]} for j in range(13)]
+copy = jax.jit(lambda params, inputs, key: (inputs[:, None, :], jnp.zeros((inputs.shape[0], 1))))
+class Joined:
+    def decode(self, ids):
+        return " ".join(str(int(t)) for t in ids if t > EOS_ID)
+out = inference.translate_examples(translate=copy, params=None, examples=examples, tokenizer=Joined(),
+                                   batch_size=8, length=8, mesh=mesh)
+print(json.dumps({"order": [d.process_index for d in devices], "out": [o[0][0] for o in out]}))
+"""
+
+
+@pytest.mark.slow
+def test_translations_come_back_to_their_examples_when_the_mesh_interleaves_processes():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", INTERLEAVED, str(port), str(i)],
+            env=env_with_devices(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for p, (_, stderr) in zip(processes, outputs):
+        assert p.returncode == 0, stderr[-3000:]
+    got = json.loads(outputs[0][0].strip().splitlines()[-1])
+    assert got["order"] == [0, 1, 0, 1]  # the processes' devices alternate on the mesh
+    assert got["out"] == [" ".join([str(10 + j)] * (1 + j % 3)) for j in range(13)]
