@@ -14,12 +14,18 @@ With `--config.decode.nbest=K` (K > 1) each input line gives K lines, best first
 `<line number, from 0><TAB><score><TAB><translation>`; the score is log p / lp(|Y|) for beam
 search, log p for sampling (a blank input line gives K lines with an empty score and text).
 Sampling with the same `decode.seed` (and batch size) prints the same output every time.
+
+On several processes (the cluster flags) every process reads `--input` and translates its share;
+process 0 alone writes the translations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+
+import jax
 
 from fxformer import cli, inference, inferflags, paths
 from fxformer.errors import UserError
@@ -37,6 +43,35 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
     return "".join(text + "\n" for text in out)
 
 
+@contextlib.contextmanager
+def output_kept_apart():
+    """Standard output's file descriptor pointed at stderr while the work runs, so that nothing a
+    library prints there (gloo's connection lines on a CPU cluster) lands among the translations."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def translated_lines(args, lines: list[str]) -> tuple[inference.Restored, dict[int, list[tuple[str, float]]]]:
+    """The run restored, and the translations of the non-blank `lines` by their numbers."""
+    log = cli.log_to_stderr
+    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log)
+    log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
+    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
+    if not todo:
+        return run, {}
+    found = inference.translate_sources(
+        run, [lines[i] for i in todo], batch_size=args.batch_size, what="translate", log=log
+    )
+    return run, dict(zip(todo, found))
+
+
 def main() -> None:
     p = inferflags.parser(__doc__, "fxformer.translate")
     p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
@@ -47,6 +82,8 @@ def main() -> None:
     if sys.stdout is None:  # `translate >&-`: nowhere to write, found before any work
         raise UserError("Standard output is closed; redirect it to a file (> out.txt).")
     if args.input == "-":
+        if jax.process_count() > 1:  # a scheduler gives standard input to one process at most
+            raise UserError(f"With {jax.process_count()} processes give --input=FILE, which every process reads.")
         if sys.stdin is None:
             raise UserError("Standard input is closed; give --input=FILE or pipe the sentences in.")
         data = sys.stdin.buffer.read()
@@ -56,16 +93,10 @@ def main() -> None:
         except OSError as e:
             raise UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
     lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
-    log = cli.log_to_stderr
-    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log)
-    log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
-    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
-    translated = {}
-    if todo:
-        found = inference.translate_sources(
-            run, [lines[i] for i in todo], batch_size=args.batch_size, what="translate", log=log
-        )
-        translated = dict(zip(todo, found))
+    with output_kept_apart():
+        run, translated = translated_lines(args, lines)
+    if jax.process_index() != 0:  # every process has every translation; one copy is written
+        return
     try:
         sys.stdout.write(formatted(lines, translated, run.decode.nbest))
         sys.stdout.flush()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import cut_short, env_with_devices, left_as_is
 
-from fxformer import checkpoint, parallel, trainstate
+from fxformer import checkpoint, exitcodes, parallel, trainstate
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer
@@ -136,6 +136,44 @@ def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
         assert result.returncode == 0, result.stderr[-3000:]
         outputs.append(result.stdout.splitlines())
     assert len(outputs[0]) == 2 and outputs[0] == outputs[1]  # the same translations however many devices share them
+
+
+@pytest.mark.slow
+def test_translate_on_two_processes_writes_one_copy_and_refuses_stdin(eight_device_workdir, tmp_path):
+    import socket
+
+    lines = "The dog sees the man.\nToday the woman buys a book.\nThe man sleeps.\n"
+    (tmp_path / "in.txt").write_text(lines)
+    alone = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", stdin=lines)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    for flags in ([f"--input={tmp_path / 'in.txt'}"], []):
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+        cluster = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+        command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
+        processes = [
+            subprocess.Popen(
+                [*command, *cluster, f"--process_id={i}", *flags],
+                env=env_with_devices(2),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        ended = [p.communicate(input=lines, timeout=300) for p in processes]
+        if flags:  # process 0 writes the translations of the lone process; process 1 writes nothing
+            assert [p.returncode for p in processes] == [0, 0], ended[0][1][-3000:] + ended[1][1][-3000:]
+            assert ended[0][0] == alone.stdout and ended[1][0] == ""
+        else:
+            for p, (out, err) in zip(processes, ended):
+                assert p.returncode == exitcodes.USER_ERROR and out == "", err[-3000:]
+                assert (
+                    err.strip().splitlines()[-1]
+                    == "error: With 2 processes give --input=FILE, which every process reads."
+                )
 
 
 @pytest.mark.slow
