@@ -241,7 +241,7 @@ def _train_accepted(config: ml_collections.ConfigDict, workdir: paths.Workdir, l
     finally:
         loop.release()
     if loop.lengths.overlong_pairs:
-        log(f"length filter: {loop.lengths.report()}")
+        log(f"length filter: {loop.lengths.report(jax.process_count())}")
     finished = int(loop.state.step) >= config.num_train_steps or bool(loop.early)
     return Trained(loop.state, finished)
 

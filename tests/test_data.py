@@ -109,6 +109,18 @@ def test_packing_keeps_every_token_once_with_its_segment_and_position(corpus, co
     data.train_split = "validation"  # the report training logs counts them in either mode
     _, report = pipeline.train_dataset(corpus_ids, data, rows=4, seed=3)
     assert (report.seen, report.overlong_pairs) == (len(source), overlong_pairs), report
+    verb = "dropped" if overlong == "drop" else "truncated"
+    assert report.report() == f"{verb} {overlong_pairs:,} of {len(source):,} pairs longer than 20 tokens"
+    # on two processes each counts its own shard: the report says whose pairs it counted
+    halves = [
+        pipeline.train_dataset(corpus_ids, data, rows=4, seed=3, process_index=i, process_count=2)[1] for i in (0, 1)
+    ]
+    assert sum(h.seen for h in halves) == len(source) and sum(h.overlong_pairs for h in halves) == overlong_pairs
+    assert (
+        halves[0]
+        .report(2)
+        .endswith(f"of {halves[0].seen:,} pairs longer than 20 tokens in this process's shards (1 of 2 processes)")
+    )
 
 
 def test_no_batch_is_part_empty_where_one_epoch_ends_and_the_next_begins(corpus, corpus_ids):

@@ -43,9 +43,11 @@ class LengthReport:
     seen: int
     overlong_pairs: int
 
-    def report(self) -> str:
+    def report(self, processes: int = 1) -> str:
+        """What was dropped or truncated, of this process's pairs (one of `processes` shares)."""
         verb = "dropped" if self.overlong == "drop" else "truncated"
-        return f"{verb} {self.overlong_pairs:,} of {self.seen:,} pairs longer than {self.max_length} tokens"
+        whose = f" in this process's shards (1 of {processes} processes)" if processes > 1 else ""
+        return f"{verb} {self.overlong_pairs:,} of {self.seen:,} pairs longer than {self.max_length} tokens{whose}"
 
 
 def _truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
