@@ -391,10 +391,11 @@ def judge_attempt(
         lease.release(state=RowStatus.FINISHED, last_status=launched.status)
         say(f"{prefix}: finished")
         return RowStatus.FINISHED
-    if launched.outcome == Outcome.STOPPED or launched.interrupted:
+    if launched.interrupted:  # Ctrl-C or SIGTERM to the sweep: not a try of the row's, so no attempt spent
+        lease.release(state=RowStatus.STOPPED, last_status=launched.status, attempts=row.attempts)
+        raise SweepStopped("signal")
+    if launched.outcome == Outcome.STOPPED:
         lease.release(state=RowStatus.STOPPED, last_status=launched.status)
-        if launched.interrupted:
-            raise SweepStopped("signal")
         if last_try:
             times = "once" if row.attempts == 0 else f"{row.attempts + 1} times"
             say(f"{prefix}: stopped before its last step {times}; run again to resume")
