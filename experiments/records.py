@@ -217,7 +217,7 @@ def replicates_of(row: dict, eval_split: str) -> list[dict]:
                 "seed": k,
                 "name": row["row"] if k == 0 else f"{row['row']}.s{k}",
                 "state": state or ("finished" if evals else "pending"),
-                "step": row["steps"],
+                "step": (row.get("ends") or {}).get(str(k), row["steps"]),  # each seed's last step where recorded
                 "config": None,
                 "commit": row["commit"],
                 "run_info": {"num_params": row["params"], "devices": row["devices"]},

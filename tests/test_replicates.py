@@ -391,6 +391,20 @@ def test_a_results_json_alone_rebuilds_every_seeds_figures_and_the_counts(tmp_pa
     assert "no learning curves and no raw records" in (tmp_path / "table.md").read_text()
 
 
+def test_a_results_json_keeps_each_seeds_last_step_and_the_plateau_count(tmp_path):
+    """Seeds that early stopping ended at different steps: --from_results reads each seed's own
+    last step ('ends'), not the first seed's for all (which made base read 2100/3000 for
+    2000-2200 and C4 '3 of 3 at a plateau' for 1 of 3 on the real-text table)."""
+    document = json.loads((MINI / "results.json").read_text())
+    base = document["rows"][0]
+    base["ends"] = {"0": 700, "1": 1000, "2": 800, "3": 1000, "4": 900}  # three ended by a plateau
+    edited = tmp_path / "results.json"
+    edited.write_text(json.dumps(document))
+    assert experiments_main.main(["collect", "table3", f"--from_results={edited}", f"--out={tmp_path / 'out'}"]) == 0
+    again = json.loads((tmp_path / "out" / "results.json").read_text())["rows"][0]
+    assert again["ends"] == base["ends"] and again["plateaued"] == 3  # the steps cell and the footer read these
+
+
 REAL = MINI.parent / "table3-multi30k"
 COMMITTED_RECORDS = sorted(MINI.parent.glob(f"**/{records.NAME}"))
 
