@@ -118,9 +118,9 @@ class RowState:
             return f"slurm job {self.status['job_id']}" if _slurm_job_alive(self.status["job_id"]) else None
         if owner == owner_id():
             return None
-        alive = _alive_here(owner)
-        if alive is None:
-            alive = time.time() - float(self.status.get("heartbeat", 0)) < lease_s
+        fresh = time.time() - float(self.status.get("heartbeat", 0)) < lease_s
+        here = _alive_here(owner)  # a process id on this host: dead at once; alive only with a fresh heartbeat too
+        alive = fresh if here is None else here and fresh  # (after a reboot, another process may have its pid)
         return owner if alive else None
 
     def state(self, lease_s: float = DEFAULT_LEASE_S) -> RowStatus:

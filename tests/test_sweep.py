@@ -205,6 +205,12 @@ def test_a_lease_holds_a_row_until_its_heartbeat_is_stale_or_its_process_is_gone
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     rowstate.write_status(workdir, {"owner": f"{socket.gethostname()}:{dead.stdout.strip()}", "heartbeat": time.time()})
     assert rowstate.read(workdir, "validation").state() == "stopped"  # this host, process gone
+    # this host, a live process (this one's parent) with a day-old heartbeat: a pid reused after a reboot
+    stale = {"owner": f"{socket.gethostname()}:{os.getppid()}", "heartbeat": time.time() - 86400}
+    rowstate.write_status(workdir, stale)
+    assert rowstate.read(workdir, "validation").state() == "stopped"
+    rowstate.write_status(workdir, {**stale, "heartbeat": time.time()})
+    assert rowstate.read(workdir, "validation").state() == "running"  # the same live process, beating
     lease = rowstate.Lease(workdir, {"attempts": 1}, every_s=0.1)
     assert lease.claim()
     time.sleep(0.35)
