@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import backends, figures, records, report, rowstate
+from experiments import backends, figures, records, report, rowstate, worker
 from experiments import status as status_verb
 from experiments.backends import Backend, Launched, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
@@ -314,6 +314,9 @@ def run_row(
         if state in (RowStatus.RUNNING, RowStatus.SUBMITTED):
             say(f"{prefix}: {state} by {row.holder(args.lease_s)}; left alone")
             return state
+        if args.backend == "local" and (pid := orphaned_worker(ctx, rep)) is not None:
+            say(f"{prefix}: its training from an earlier launch still runs (pid {pid}); left alone: let it end")
+            return RowStatus.RUNNING
         if state == RowStatus.FAILED and row.attempts >= args.max_attempts and not args.retry_failed:
             logdir = ctx.job(rep).logdir
             say(f"{prefix}: failed {row.attempts} times (see {logdir}); skipped: --retry_failed tries again")
@@ -323,6 +326,14 @@ def run_row(
         outcome = attempt(ctx, rep, backend, row, state, wanted, code, prefix, eta)
         if outcome is not None:
             return outcome
+
+
+def orphaned_worker(ctx: Context, rep: Replicate) -> int | None:
+    """The pid of a command this row's local workers started that still runs though its launcher
+    is gone (a closed terminal ends the sweep; its workers ignore SIGHUP), if any: launched again,
+    the row's worker would refuse to start beside it, and the row would count as failed."""
+    logdir = paths.as_path(ctx.job(rep).logdir)
+    return next((pid for d in sorted(logdir.glob("process_*")) if (pid := worker.running_pid(d))), None)
 
 
 def attempt(

@@ -387,6 +387,28 @@ def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
 
 
 @pytest.mark.slow
+def test_a_row_whose_training_outlived_its_launcher_is_left_alone(tmp_path):
+    """A closed terminal ends the sweep, not its workers' commands (they ignore SIGHUP): run again,
+    the row is left to that command, not launched beside it (its worker refused to start, and the
+    row counted as failed)."""
+    root = tmp_path / "t3"
+    args = runner.parser("run").parse_args(["table3", f"--root={root}", "--profile=smoke", "--only=C1"])
+    ctx = Context(args, [])
+    [rep] = ctx.units(ctx.sweep.select("C1"))
+    rundir = Path(ctx.job(rep).logdir) / "process_0"
+    rundir.mkdir(parents=True)
+    still = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fxformer.train"])
+    try:
+        (rundir / "pid").write_text(str(still.pid))
+        result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1")
+    finally:
+        still.kill()
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"C1: its training from an earlier launch still runs (pid {still.pid}); left alone" in result.stderr
+    assert not (root / "C1" / "checkpoints").exists() and "failed" not in result.stderr
+
+
+@pytest.mark.slow
 def test_a_row_another_launcher_runs_is_left_alone(tmp_path):
     root = tmp_path / "t3"
     rowstate.write_status(paths.Workdir(root / "C1"), {"owner": "another-host:42", "heartbeat": time.time()})
