@@ -52,6 +52,7 @@ def from_root(ctx, runs) -> dict:
         "profile": ctx.profile,
         "root": str(ctx.root),
         "extra": list(ctx.extra),
+        **({"seeds": ctx.seeds} if ctx.seeds else {}),  # --seeds=K: every row's count (else the sweep's own)
         "collected": now(),
         "origin": "run directories",
     }

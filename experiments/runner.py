@@ -458,6 +458,7 @@ def restore(args, extra: list[str]) -> int:
             f"{args.from_records} holds the {header['profile']} profile, not {args.profile}; leave out --profile."
         )
     args.profile, args.root = header["profile"], args.root or header["root"]
+    args.seeds = args.seeds or header.get("seeds", 0)  # a sweep run with --seeds=K keeps K seeds
     ctx = Context(args, list(header.get("extra", [])) or extra)
     if ctx.sweep.name != header["sweep"]:
         raise UserError(f"{args.from_records} holds records of the sweep {header['sweep']}, not {ctx.sweep.name}.")

@@ -330,7 +330,8 @@ def test_restore_moves_a_sweep_to_a_new_machine_through_its_records(tmp_path, ca
     assert experiments_main.main(["collect", "table3", f"--root={root}", f"--out={tmp_path}"]) == 0  # every row
     shutil.rmtree(root)
     capsys.readouterr()
-    assert experiments_main.main(["restore", "table3", f"--from_records={saved}", f"--root={root}", "--seeds=3"]) == 0
+    assert records.read(saved)["header"]["seeds"] == 3  # the sweep ran with --seeds=3: restore keeps it
+    assert experiments_main.main(["restore", "table3", f"--from_records={saved}", f"--root={root}"]) == 0
     said = capsys.readouterr().err
     commits = {rep["commit"] for rep in records.read(saved)["replicates"] if rep["state"] == "finished"}
     assert (
