@@ -386,6 +386,21 @@ def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
     assert figures.cut_at([(200.0, 190.0, 210.0), (50.0, 45.0, 55.0), (10.0, 9.0, 11.0)], []) == pytest.approx(13.2)
 
 
+def test_a_stop_asked_while_a_row_is_being_claimed_starts_no_processes(tmp_path):
+    """Ctrl-C or SIGTERM in the half second a row's lease is being claimed, before its launch has
+    processes to pass it to: the launch starts none (it started them and trained the whole row)."""
+    from experiments.backends.local import Local
+
+    args = runner.parser("run").parse_args(["table3", f"--root={tmp_path}", "--profile=smoke", "--only=C1"])
+    ctx = Context(args, [])
+    [rep] = ctx.units(ctx.sweep.select("C1"))
+    backend = Local(args, echo=False, handle_signals=False)
+    backend.interrupt()  # the sweep's signal handler, before launch
+    launched = backend.launch(ctx.job(rep), False)
+    assert launched.interrupted and launched.status == exitcodes.STOPPED
+    assert not (Path(ctx.job(rep).logdir) / "process_0").exists() and not (tmp_path / "C1").exists()
+
+
 @pytest.mark.slow
 def test_a_row_whose_training_outlived_its_launcher_is_left_alone(tmp_path):
     """A closed terminal ends the sweep, not its workers' commands (they ignore SIGHUP): run again,

@@ -28,6 +28,7 @@ class Local:
         self.processes, self.grace_s, self.port = args.processes, args.grace_s, args.port
         self.echo, self.handle_signals = echo, handle_signals  # off for rows run side by side in threads
         self.group: group.Group | None = None  # the running launch, if any
+        self.requested = False  # a stop asked before the launch had its processes: the launch starts none
 
     def rundir(self, job: Job, i: int) -> Path:
         return job.logdir / f"process_{i}"
@@ -60,11 +61,14 @@ class Local:
         self.group = group.Group(
             lambda: self.signal(job, signal.SIGTERM), lambda: self.signal(job, signal.SIGKILL), self.grace_s
         )
+        if self.requested:  # Ctrl-C or SIGTERM while the row was being claimed: nothing started, nothing to save
+            return Launched.of(exitcodes.STOPPED, interrupted=True)
         # each worker writes its own log: take process 0's output to the console, drop the rest
         status = self.group.run(argvs, [None] * self.processes, self.echo, self.handle_signals)
         return Launched.of(status, self.group.interrupted)
 
     def interrupt(self) -> None:
+        self.requested = True
         if self.group is not None:
             self.group.interrupt()
 
