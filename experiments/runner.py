@@ -295,7 +295,7 @@ def run_row(
 
     FINISHED             skip                        -> FINISHED
     RUNNING, SUBMITTED   leave to whoever holds it   -> that state
-    FAILED, attempts up  skip (--retry_failed)       -> FAILED
+    FAILED, attempts up  skip (--retry_failed)       -> FAILED (a TRAINED row whose evaluation failed too)
     TRAINED              evaluate                    -> by the launch
     PENDING, STOPPED,
     FAILED with attempts train (resume), evaluate    -> by the launch: FINISHED, SUBMITTED, PENDING
@@ -317,10 +317,11 @@ def run_row(
         if args.backend == "local" and (pid := orphaned_worker(ctx, rep)) is not None:
             say(f"{prefix}: its training from an earlier launch still runs (pid {pid}); left alone: let it end")
             return RowStatus.RUNNING
-        if state == RowStatus.FAILED and row.attempts >= args.max_attempts and not args.retry_failed:
+        failed = RowStatus.FAILED in (state, row.status.get("state"))  # trained, its evaluation failed: the same
+        if failed and row.attempts >= args.max_attempts and not args.retry_failed:
             logdir = ctx.job(rep).logdir
             say(f"{prefix}: failed {row.attempts} times (see {logdir}); skipped: --retry_failed tries again")
-            return state
+            return RowStatus.FAILED
         if stopping is not None and stopping.is_set():
             raise SweepStopped("signal")
         outcome = attempt(ctx, rep, backend, row, state, wanted, code, prefix, eta)

@@ -424,6 +424,25 @@ def test_a_row_whose_training_outlived_its_launcher_is_left_alone(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_trained_row_whose_evaluation_failed_its_attempts_is_skipped(tmp_path):
+    """Trained to its last step, evaluation failed --max_attempts times: skipped like any failed row
+    (it read as trained and every plain `run` tried its evaluation again)."""
+    root = tmp_path / "t3"
+    args = runner.parser("run").parse_args(["table3", f"--root={root}", "--profile=smoke", "--only=C1"])
+    ctx = Context(args, [])
+    [rep] = ctx.units(ctx.sweep.select("C1"))
+    config = rep.resolved(())
+    workdir = paths.Workdir(root / "C1")
+    (root / "C1" / "checkpoints" / str(config["num_train_steps"])).mkdir(parents=True)
+    (root / "C1" / "config.json").write_text(json.dumps(config))
+    rowstate.write_status(workdir, {"state": "failed", "attempts": 3, "owner": None})
+    assert str(ctx.read(rep).state()) == "trained"
+    result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "C1: failed 3 times" in result.stderr and "skipped: --retry_failed tries again" in result.stderr
+
+
+@pytest.mark.slow
 def test_a_row_another_launcher_runs_is_left_alone(tmp_path):
     root = tmp_path / "t3"
     rowstate.write_status(paths.Workdir(root / "C1"), {"owner": "another-host:42", "heartbeat": time.time()})
