@@ -13,12 +13,15 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from etils import epath
 
 from fxformer import configfile, paths
 from fxformer.config import load_workdir_config
@@ -178,13 +181,25 @@ def read(
     row.wall_s = logged[-1].get("wall_s") if logged else None
     total = row.total_steps
     if total is not None:
-        result = w.eval_result(eval_split, [total], decode=row.decode)
-        if result.exists():
+        result = final_result(w, eval_split, total, row.decode)
+        if result is not None:
             row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
-        row.unevaluated = [
-            s for s in (eval_split, *more_splits) if not w.eval_result(s, [total], decode=row.decode).exists()
-        ]
+        row.unevaluated = [s for s in (eval_split, *more_splits) if final_result(w, s, total, row.decode) is None]
     return row
+
+
+def final_result(w: paths.Workdir, split: str, step: int, decode: dict) -> epath.Path | None:
+    """`fxformer.evaluate`'s result on `split` for the parameters at the run's last `step`: of
+    that checkpoint alone, or (a sweep whose eval flags average, or a config's `average_last`)
+    of the k checkpoints ending there (`-avg<k>`, k as many as were found); None if not written."""
+    plain = w.eval_result(split, [step], decode=decode)
+    if plain.exists():
+        return plain
+    for found in sorted(w.eval.glob(f"{split}-{step}-avg*.json")) if w.eval.exists() else []:
+        k = re.match(rf"{re.escape(split)}-{step}-avg(\d+)", found.name)
+        if k and found.name == w.eval_result(split, [0] * (int(k[1]) - 1) + [step], decode=decode).name:
+            return found
+    return None
 
 
 def write_status(workdir: paths.Workdir, status: dict) -> None:

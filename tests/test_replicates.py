@@ -579,7 +579,7 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
     resumed = next(line for line in result.stderr.splitlines() if "B1.s1: resume from step" in line)
     assert "ETA" not in resumed, resumed  # the run skipped before it paces nothing (it made this 'ETA 0m00s')
     assert f"B1.s1: resume from step {stopped_at}" in result.stderr
-    assert json.loads((root / "B1.s1" / "sweep.json").read_text())["attempts"] == 2
+    assert json.loads((root / "B1.s1" / "sweep.json").read_text())["attempts"] == 1  # the stop spent no attempt
     assert json.loads((root / "B1" / "sweep.json").read_text())["attempts"] == 1
 
 

@@ -386,6 +386,37 @@ def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
     assert figures.cut_at([(200.0, 190.0, 210.0), (50.0, 45.0, 55.0), (10.0, 9.0, 11.0)], []) == pytest.approx(13.2)
 
 
+def test_a_rows_final_result_is_its_last_checkpoints_alone_or_an_average_ending_there(tmp_path):
+    """A sweep whose evaluation averages (the paper's last 5 checkpoints; a config's average_last)
+    finds evaluate's `-avg<k>` result for the last step (it looked for the plain name only, and
+    such a row never finished); a partial, a best-checkpoint or another search's result is not it."""
+    w = paths.Workdir(tmp_path / "row")
+    w.eval.mkdir(parents=True)
+    assert rowstate.final_result(w, "validation", 8, {}) is None
+    for name in ("validation-8-avg2-first5", "validation-8-best", "validation-8-avg2-alpha=1.5", "test-8-avg2"):
+        (w.eval / f"{name}.json").write_text("{}")
+    assert rowstate.final_result(w, "validation", 8, {}) is None
+    assert rowstate.final_result(w, "validation", 8, {"alpha": 1.5}).name == "validation-8-avg2-alpha=1.5.json"
+    assert rowstate.final_result(w, "test", 8, {}).name == "test-8-avg2.json"
+    (w.eval / "validation-8.json").write_text("{}")  # the checkpoint alone, where both exist
+    assert rowstate.final_result(w, "validation", 8, {}).name == "validation-8.json"
+    assert rowstate.final_result(w, "validation", 80, {}) is None
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_evaluation_averages_finishes_its_rows(tmp_path, data_dir):
+    sweep_file = tmp_path / "averaged.py"
+    sweep_file.write_text(
+        "def sweep(profile='paper'):\n"
+        "    return {'runs': {'avg': ('configs/table3.py:base,smoke', {'average_last': 2})},\n"
+        "            'metrics': {'ppl': 'lower', 'bleu': 'higher'}}\n"
+    )
+    root = tmp_path / "r"
+    result = experiments("run", str(sweep_file), f"--root={root}", data_dir=data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 finished" in result.stderr and list((root / "avg" / "eval").glob("test-*-avg2.json"))
+
+
 def test_a_stop_asked_while_a_row_is_being_claimed_starts_no_processes(tmp_path):
     """Ctrl-C or SIGTERM in the half second a row's lease is being claimed, before its launch has
     processes to pass it to: the launch starts none (it started them and trained the whole row)."""
