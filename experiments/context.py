@@ -100,8 +100,7 @@ class Context:
         return [split for split, _ in self.sweep.evaluations()[1:]]
 
     def read(self, rep: Replicate | sweeps.Run) -> rowstate.RowState:
-        decode_flags = [flag for flag in self.sweep.eval_flags if flag.startswith("--config.decode.")]
-        return rowstate.read(paths.Workdir(self.workdir(rep)), self.eval_split, self.more_splits, decode_flags)
+        return rowstate.read(paths.Workdir(self.workdir(rep)), self.eval_split, self.more_splits, self.sweep.eval_flags)
 
     def job(self, rep: Replicate, train: bool = True, splits: list[str] | None = None) -> Job:
         """The replicate's job: training (unless `train` is False) and the evaluations of `splits`

@@ -68,7 +68,7 @@ def replicate(ctx, rep) -> dict:
     evals = {}
     if row.total_steps is not None:
         for split in (ctx.eval_split, *ctx.more_splits):
-            path = rowstate.final_result(workdir, split, row.total_steps, row.decode)
+            path = rowstate.final_result(workdir, split, row.total_steps, row.decode, row.average)
             if path is not None:
                 evals[split] = rowstate.read_json(path, "the row's evaluation", "delete it and evaluate again")
     info = rowstate.read_json(workdir.run_info, "the run's record", "train again") if workdir.run_info.exists() else {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import re
 import socket
 import subprocess
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 
 from etils import epath
 
+from experiments.cli import flag_value
 from fxformer import configfile, paths
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
@@ -97,6 +97,7 @@ class RowState:
     early_end: int | None = None  # the step at which early stopping ended the run (a plateau), if it did
     # the sweep's decode fields that differ from the config's, which name its results
     decode: dict = field(default_factory=dict)
+    average: int = 1  # the checkpoints the sweep's evaluation averages (its --average_last, else the config's)
 
     @property
     def total_steps(self) -> int | None:
@@ -156,11 +157,12 @@ class RowState:
 
 
 def read(
-    workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple[str, ...] = (), decode_flags=()
+    workdir: paths.Workdir, eval_split: str, more_splits: list[str] | tuple[str, ...] = (), eval_flags=()
 ) -> RowState:
     """The row's state from its files (missing files are simply absent state): `results` are those
-    of `eval_split`, and a row is finished once `more_splits` have theirs too; `decode_flags`: the
-    sweep's `--config.decode.*` evaluation flags, which name the results where they change the search."""
+    of `eval_split`, and a row is finished once `more_splits` have theirs too; `eval_flags`: the
+    sweep's evaluation flags, whose `--config.decode.*` name the results where they change the
+    search, and whose `--average_last` (else the config's) says how many checkpoints they average."""
     w = paths.Workdir(workdir)
     row = RowState(w)
     if w.sweep_status.exists():
@@ -170,7 +172,9 @@ def read(
     if w.config.exists():  # checked as every command checks it
         config = load_workdir_config(w)
         row.config = config.to_dict()
+        decode_flags = [flag for flag in eval_flags if flag.startswith("--config.decode.")]
         row.decode = configfile.decode_changes(config, configfile.overrides(decode_flags), w)
+        row.average = int(flag_value(list(eval_flags), "average_last") or config.average_last)
         c = row.config
         plateau = w.early_end(
             c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
@@ -181,24 +185,23 @@ def read(
     row.wall_s = logged[-1].get("wall_s") if logged else None
     total = row.total_steps
     if total is not None:
-        result = final_result(w, eval_split, total, row.decode)
+        result = final_result(w, eval_split, total, row.decode, row.average)
         if result is not None:
             row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
-        row.unevaluated = [s for s in (eval_split, *more_splits) if final_result(w, s, total, row.decode) is None]
+        row.unevaluated = [
+            s for s in (eval_split, *more_splits) if final_result(w, s, total, row.decode, row.average) is None
+        ]
     return row
 
 
-def final_result(w: paths.Workdir, split: str, step: int, decode: dict) -> epath.Path | None:
-    """`fxformer.evaluate`'s result on `split` for the parameters at the run's last `step`: of
-    that checkpoint alone, or (a sweep whose eval flags average, or a config's `average_last`)
-    of the k checkpoints ending there (`-avg<k>`, k as many as were found); None if not written."""
-    plain = w.eval_result(split, [step], decode=decode)
-    if plain.exists():
-        return plain
-    for found in sorted(w.eval.glob(f"{split}-{step}-avg*.json")) if w.eval.exists() else []:
-        k = re.match(rf"{re.escape(split)}-{step}-avg(\d+)", found.name)
-        if k and found.name == w.eval_result(split, [0] * (int(k[1]) - 1) + [step], decode=decode).name:
-            return found
+def final_result(w: paths.Workdir, split: str, step: int, decode: dict, average: int = 1) -> epath.Path | None:
+    """`fxformer.evaluate`'s result on `split` for the parameters at the run's last `step`, as the
+    sweep evaluates them: the `average` checkpoints ending there (`-avg<k>`; fewer where fewer were
+    saved, the most found), the checkpoint alone for 1; None if not written."""
+    for k in range(max(average, 1), 0, -1):
+        path = w.eval_result(split, [0] * (k - 1) + [step], decode=decode)
+        if path.exists():
+            return path
     return None
 
 

@@ -333,8 +333,9 @@ def orphaned_worker(ctx: Context, rep: Replicate) -> int | None:
     """The pid of a command this row's local workers started that still runs though its launcher
     is gone (a closed terminal ends the sweep; its workers ignore SIGHUP), if any: launched again,
     the row's worker would refuse to start beside it, and the row would count as failed."""
-    logdir = paths.as_path(ctx.job(rep).logdir)
-    return next((pid for d in sorted(logdir.glob("process_*")) if (pid := worker.running_pid(d))), None)
+    logdir = paths.as_path(ctx.job(rep).logdir)  # each process's run dir, written or not yet (its pid held in /tmp)
+    rundirs = [logdir / f"process_{i}" for i in range(getattr(ctx.args, "processes", 1))]
+    return next((pid for d in rundirs if (pid := worker.running_pid(d)) is not None), None)
 
 
 def attempt(

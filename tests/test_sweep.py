@@ -389,18 +389,22 @@ def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
 def test_a_rows_final_result_is_its_last_checkpoints_alone_or_an_average_ending_there(tmp_path):
     """A sweep whose evaluation averages (the paper's last 5 checkpoints; a config's average_last)
     finds evaluate's `-avg<k>` result for the last step (it looked for the plain name only, and
-    such a row never finished); a partial, a best-checkpoint or another search's result is not it."""
+    such a row never finished): the k it averages, or fewer where fewer were saved; a partial, a
+    best-checkpoint, another search's or another average's result is not it."""
     w = paths.Workdir(tmp_path / "row")
     w.eval.mkdir(parents=True)
-    assert rowstate.final_result(w, "validation", 8, {}) is None
+    assert rowstate.final_result(w, "validation", 8, {}, 2) is None
     for name in ("validation-8-avg2-first5", "validation-8-best", "validation-8-avg2-alpha=1.5", "test-8-avg2"):
         (w.eval / f"{name}.json").write_text("{}")
-    assert rowstate.final_result(w, "validation", 8, {}) is None
-    assert rowstate.final_result(w, "validation", 8, {"alpha": 1.5}).name == "validation-8-avg2-alpha=1.5.json"
-    assert rowstate.final_result(w, "test", 8, {}).name == "test-8-avg2.json"
-    (w.eval / "validation-8.json").write_text("{}")  # the checkpoint alone, where both exist
-    assert rowstate.final_result(w, "validation", 8, {}).name == "validation-8.json"
-    assert rowstate.final_result(w, "validation", 80, {}) is None
+    assert rowstate.final_result(w, "validation", 8, {}, 2) is None
+    assert rowstate.final_result(w, "validation", 8, {"alpha": 1.5}, 2).name == "validation-8-avg2-alpha=1.5.json"
+    assert rowstate.final_result(w, "test", 8, {}, 5).name == "test-8-avg2.json"  # two checkpoints were saved
+    assert rowstate.final_result(w, "test", 8, {}, 1) is None  # the sweep evaluates the checkpoint alone
+    (w.eval / "test-8-avg10.json").write_text("{}")  # another average (a manual evaluate) is not the sweep's
+    assert rowstate.final_result(w, "test", 8, {}, 5).name == "test-8-avg2.json"
+    (w.eval / "test-8.json").write_text("{}")
+    assert rowstate.final_result(w, "test", 8, {}, 1).name == "test-8.json"
+    assert rowstate.final_result(w, "test", 80, {}, 1) is None
 
 
 @pytest.mark.slow
@@ -442,16 +446,22 @@ def test_a_row_whose_training_outlived_its_launcher_is_left_alone(tmp_path):
     ctx = Context(args, [])
     [rep] = ctx.units(ctx.sweep.select("C1"))
     rundir = Path(ctx.job(rep).logdir) / "process_0"
-    rundir.mkdir(parents=True)
-    still = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fxformer.train"])
-    try:
-        (rundir / "pid").write_text(str(still.pid))
-        result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1")
-    finally:
-        still.kill()
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"C1: its training from an earlier launch still runs (pid {still.pid}); left alone" in result.stderr
-    assert not (root / "C1" / "checkpoints").exists() and "failed" not in result.stderr
+    from experiments import worker
+
+    # the pid where the worker keeps it: in /tmp while train has not yet accepted the run (no rundir yet), then
+    # in the rundir
+    for pid_file in (worker.held_pid(rundir), rundir / "pid"):
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        still = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fxformer.train"])
+        try:
+            pid_file.write_text(str(still.pid))
+            result = experiments("run", "table3", f"--root={root}", "--profile=smoke", "--only=C1")
+        finally:
+            still.kill()
+            pid_file.unlink()
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"C1: its training from an earlier launch still runs (pid {still.pid}); left alone" in result.stderr
+        assert not (root / "C1" / "checkpoints").exists() and "failed" not in result.stderr
 
 
 @pytest.mark.slow
