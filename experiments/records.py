@@ -65,12 +65,8 @@ def replicate(ctx, rep) -> dict:
     """One replicate's record from its workdir (what is missing is simply absent)."""
     row = ctx.read(rep)
     workdir = paths.Workdir(ctx.workdir(rep))
-    evals = {}
-    if row.total_steps is not None:
-        for split in (ctx.eval_split, *ctx.more_splits):
-            path = rowstate.final_result(workdir, split, row.total_steps, row.decode, row.average)
-            if path is not None:
-                evals[split] = rowstate.read_json(path, "the row's evaluation", "delete it and evaluate again")
+    why = "the row's evaluation"
+    evals = {split: rowstate.read_json(path, why, "delete it and evaluate again") for split, path in row.finals.items()}
     info = rowstate.read_json(workdir.run_info, "the run's record", "train again") if workdir.run_info.exists() else {}
     return {
         "row": rep.run.name,

@@ -94,6 +94,7 @@ class RowState:
     results: dict | None = None  # fxformer.evaluate's JSON for the final step, if written
     config: dict | None = None  # the workdir's config.json, as today's code reads it (`load_workdir_config`)
     unevaluated: list[str] = field(default_factory=list)  # the splits still without results for the final step
+    finals: dict = field(default_factory=dict)  # split -> its result file for the final step (`final_result`)
     early_end: int | None = None  # the step at which early stopping ended the run (a plateau), if it did
     # the sweep's decode fields that differ from the config's, which name its results
     decode: dict = field(default_factory=dict)
@@ -185,12 +186,13 @@ def read(
     row.wall_s = logged[-1].get("wall_s") if logged else None
     total = row.total_steps
     if total is not None:
-        result = final_result(w, eval_split, total, row.decode, row.average)
-        if result is not None:
-            row.results = read_json(result, "the row's evaluation", "delete it and run the sweep again to re-evaluate")
-        row.unevaluated = [
-            s for s in (eval_split, *more_splits) if final_result(w, s, total, row.decode, row.average) is None
-        ]
+        splits = (eval_split, *more_splits)
+        found = {s: final_result(w, s, total, row.decode, row.average) for s in splits}
+        row.finals = {s: path for s, path in found.items() if path is not None}
+        if eval_split in row.finals:
+            fix = "delete it and run the sweep again to re-evaluate"
+            row.results = read_json(row.finals[eval_split], "the row's evaluation", fix)
+        row.unevaluated = [s for s in splits if s not in row.finals]
     return row
 
 
