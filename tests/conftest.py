@@ -153,6 +153,38 @@ def env_with_devices(n):
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
 
 
+def cluster_flags(port: int, i: int) -> list[str]:
+    """The flags that make an fxformer command process `i` of 2 on a loopback coordinator at `port`."""
+    return [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"]
+
+
+def on_two_processes(argv, timeout_s: float = 300, stdin: str | None = None) -> list[tuple[int, str, str]]:
+    """`argv(port, i)` run as processes 0 and 1 of a cluster whose coordinator listens on a free
+    loopback port, each with 2 CPU devices (and `stdin` on its standard input): each one's
+    (exit status, stdout, stderr)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    processes = [
+        subprocess.Popen(
+            argv(port, i),
+            env=env_with_devices(2),
+            stdin=None if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    ended = []
+    for p in processes:
+        out, err = p.communicate(input=stdin, timeout=timeout_s)
+        ended.append((p.returncode, out, err))
+    return ended
+
+
 def ended(process: subprocess.Popen, timeout_s: float = 120) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of a started command, its pipes read while it ends: reading
     only after `wait` blocks a command whose pipe is full. Past `timeout_s` the test fails with

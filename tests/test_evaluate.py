@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import cut_short, env_with_devices, left_as_is
+from conftest import cluster_flags, cut_short, env_with_devices, left_as_is, on_two_processes
 
 from fxformer import checkpoint, exitcodes, parallel, trainstate
 from fxformer.config import load_workdir_config
@@ -140,36 +140,19 @@ def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
 
 @pytest.mark.slow
 def test_translate_on_two_processes_writes_one_copy_and_refuses_stdin(eight_device_workdir, tmp_path):
-    import socket
-
     lines = "The dog sees the man.\nToday the woman buys a book.\nThe man sleeps.\n"
     (tmp_path / "in.txt").write_text(lines)
     alone = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", stdin=lines)
     assert alone.returncode == 0, alone.stderr[-3000:]
+    command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
     for flags in ([f"--input={tmp_path / 'in.txt'}"], []):
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            port = s.getsockname()[1]
-        cluster = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
-        command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
-        processes = [
-            subprocess.Popen(
-                [*command, *cluster, f"--process_id={i}", *flags],
-                env=env_with_devices(2),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(2)
-        ]
-        ended = [p.communicate(input=lines, timeout=300) for p in processes]
+        ended = on_two_processes(lambda port, i: [*command, *cluster_flags(port, i), *flags], stdin=lines)  # noqa: B023
         if flags:  # process 0 writes the translations of the lone process; process 1 writes nothing
-            assert [p.returncode for p in processes] == [0, 0], ended[0][1][-3000:] + ended[1][1][-3000:]
-            assert ended[0][0] == alone.stdout and ended[1][0] == ""
+            assert [status for status, _, _ in ended] == [0, 0], ended[0][2][-3000:] + ended[1][2][-3000:]
+            assert ended[0][1] == alone.stdout and ended[1][1] == ""
         else:
-            for p, (out, err) in zip(processes, ended):
-                assert p.returncode == exitcodes.USER_ERROR and out == "", err[-3000:]
+            for status, out, err in ended:
+                assert status == exitcodes.USER_ERROR and out == "", err[-3000:]
                 assert (
                     err.strip().splitlines()[-1]
                     == "error: With 2 processes give --input=FILE, which every process reads."

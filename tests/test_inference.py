@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import env_with_devices, left_as_is
+from conftest import env_with_devices, left_as_is, on_two_processes
 
 from fxformer import exitcodes
 
@@ -158,24 +158,9 @@ print(json.dumps({"order": [d.process_index for d in devices], "out": [o[0][0] f
 
 @pytest.mark.slow
 def test_translations_come_back_to_their_examples_when_the_mesh_interleaves_processes():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", INTERLEAVED, str(port), str(i)],
-            env=env_with_devices(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [p.communicate(timeout=300) for p in processes]
-    for p, (_, stderr) in zip(processes, outputs):
-        assert p.returncode == 0, stderr[-3000:]
-    got = json.loads(outputs[0][0].strip().splitlines()[-1])
+    ended = on_two_processes(lambda port, i: [sys.executable, "-c", INTERLEAVED, str(port), str(i)])
+    for status, _, stderr in ended:
+        assert status == 0, stderr[-3000:]
+    got = json.loads(ended[0][1].strip().splitlines()[-1])
     assert got["order"] == [0, 1, 0, 1]  # the processes' devices alternate on the mesh
     assert got["out"] == [" ".join([str(10 + j)] * (1 + j % 3)) for j in range(13)]

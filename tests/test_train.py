@@ -3,7 +3,6 @@
 import functools
 import math
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -15,9 +14,11 @@ import psutil
 import pytest
 from conftest import (
     TINY,
+    cluster_flags,
     env_with_devices,
     final_params,
     logged,
+    on_two_processes,
     run_train,
     small_config,
     train_command,
@@ -379,25 +380,11 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path, data_d
     common = {"num_train_steps": 8, "data.num_shards": 2}
     single = tmp_path / "single"
     run_train(single, data_dir, devices=4, **common)
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
     multi = tmp_path / "multi"
-    processes = [
-        subprocess.Popen(
-            train_command(multi, data_dir, **common)
-            + [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-            env=env_with_devices(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [p.communicate(timeout=600) for p in processes]
-    for p, (_, stderr) in zip(processes, outputs):
-        assert p.returncode == 0, stderr[-3000:]
-    assert "4 devices (cpu) in 2 process(es)" in outputs[0][0]
+    ended = on_two_processes(lambda port, i: train_command(multi, data_dir, **common) + cluster_flags(port, i), 600)
+    for status, _, stderr in ended:
+        assert status == 0, stderr[-3000:]
+    assert "4 devices (cpu) in 2 process(es)" in ended[0][1]
     a, b = logged(single), logged(multi)
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for step in a:
