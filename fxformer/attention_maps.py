@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fxformer import cli, inference, inferflags, paths, png
+from fxformer import cli, inference, inferflags, parallel, paths, png
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
@@ -377,7 +377,7 @@ def main() -> None:
     run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
     w = pair_weights(run, args.source, args.target, log)
     if w.translated:
-        print(f"translation: {w.target}")
+        parallel.print_once(f"translation: {w.target}")
     rows = head_summary(w)
     if jax.process_index() == 0:
         out = parent / (args.name or default_name(args.source, run.steps, args.step))

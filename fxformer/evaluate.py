@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, configfile, inference, inferflags, paths
+from fxformer import cli, configfile, inference, inferflags, parallel, paths
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
@@ -137,22 +137,23 @@ def main() -> None:
         "file's order)",
     )
     args = inferflags.parse(p)
+    say = parallel.print_once
     if args.hypotheses:
         r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
-        print(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
-        print(r["sacrebleu"])
-        print(f"sacreBLEU signature: {r['signature']}")
-        print(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}")
+        say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
+        say(r["sacrebleu"])
+        say(f"sacreBLEU signature: {r['signature']}")
+        say(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}")
         return
 
     def report(r: dict) -> None:
-        print(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
-        print(f"perplexity (per wordpiece): {r['ppl']:.3f}")
-        print(r["sacrebleu"])
-        print(f"sacreBLEU signature: {r['signature']}", flush=True)
+        say(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+        say(f"perplexity (per wordpiece): {r['ppl']:.3f}")
+        say(r["sacrebleu"])
+        say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
     r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
-    print(
+    say(
         f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
         f"{r.get('path', args.workdir)}"
     )

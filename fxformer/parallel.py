@@ -57,6 +57,13 @@ def join_cluster(args: argparse.Namespace) -> None:
         initialize(args.coordinator_address, args.num_processes, args.process_id)
 
 
+def print_once(*args, **kwargs) -> None:
+    """`print` on process 0 alone: every process holds the same results, and a scheduler that
+    gathers every process's output into one log should show them once."""
+    if jax.process_index() == 0:
+        print(*args, **kwargs)
+
+
 def data_mesh() -> Mesh:
     """Every device of every process on one 'data' axis."""
     return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))

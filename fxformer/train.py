@@ -646,7 +646,7 @@ def main() -> int:
             raise UserError(f"Give --config=<config file>: {workdir} holds no run to resume.")
         config = load_workdir_config(workdir)
     parallel.join_cluster(args)
-    log = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    log = parallel.print_once
     try:
         trained = train_and_evaluate(config, workdir, log=lambda *a, **k: log(*a, **k, flush=True), stop=stop)
     except StoppedBeforeTraining as e:

@@ -160,6 +160,26 @@ def test_translate_on_two_processes_writes_one_copy_and_refuses_stdin(eight_devi
 
 
 @pytest.mark.slow
+def test_evaluate_and_attention_maps_on_two_processes_print_their_results_once(eight_device_workdir, tmp_path):
+    workdir = tmp_path / "w"
+    shutil.copytree(eight_device_workdir, workdir)
+    source = "Today the woman buys a book."
+    commands = {
+        "fxformer.evaluate": ["--step=20", "--limit=5"],
+        "fxformer.attention_maps": ["--step=20", f"--source={source}", "--view=grid", "--name=n"],
+    }
+    for module, flags in commands.items():
+        alone = run(module, f"--workdir={workdir}", *flags)
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        command = [sys.executable, "-m", module, f"--workdir={workdir}", *flags]
+        ended = on_two_processes(lambda port, i: [*command, *cluster_flags(port, i)])  # noqa: B023
+        assert [status for status, _, _ in ended] == [0, 0], ended[0][2][-3000:] + ended[1][2][-3000:]
+        said = [[line for line in out.splitlines() if line and not line.startswith("[Gloo]")] for _, out, _ in ended]
+        assert said == [alone.stdout.splitlines(), []], module  # the lone process's report, once (and gloo's lines)
+        assert alone.stdout.count("perplexity" if module == "fxformer.evaluate" else "translation: ") == 1
+
+
+@pytest.mark.slow
 def test_missing_and_corrupt_checkpoints_are_one_sentence(eight_device_workdir, tmp_path):
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
