@@ -16,7 +16,7 @@ import json
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -108,11 +108,14 @@ class DivergenceWatch:
 
     Diverged: not finite; or, with `factor` > 0, above `factor` x the best loss of this run and
     2 nats above it, or above 3 x ln(vocabulary) (three times a uniform guess), which catches a
-    run that explodes from its first steps.
+    run that explodes from its first steps. A resumed run starts from the best logged training
+    loss up to its resume step (a mean over a log interval: at most a little above the best step).
     """
 
-    def __init__(self, factor: float, vocab_size: int):
-        self.factor, self.best = factor, math.inf
+    def __init__(self, factor: float, vocab_size: int, logged: Sequence[dict] = (), resume_step: int = 0):
+        self.factor = factor
+        losses = [line["loss"] for line in logged if "loss" in line and line["step"] <= resume_step]
+        self.best = min(losses, default=math.inf)
         self.ceiling = 3 * math.log(vocab_size)
 
     def first_bad(self, losses: list[float]) -> tuple[int, str] | None:
@@ -303,6 +306,7 @@ class Loop:
             write_workdir_config(config, workdir, start_step)
         describe(config, workdir, state, model, tokenizer, rows, start_step, log)
         writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
+        logged = workdir.logged()
         return cls(
             config,
             workdir,
@@ -321,10 +325,8 @@ class Loop:
             state,
             start_step,
             writer,
-            best=checkpoint.Best(
-                workdir.best, config.best_metric, start_step, workdir.logged(), config.early_stopping_min_delta
-            ),
-            watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size),
+            best=checkpoint.Best(workdir.best, config.best_metric, start_step, logged, config.early_stopping_min_delta),
+            watch=DivergenceWatch(config.divergence_factor, tokenizer.vocab_size, logged, start_step),
             progress=Progress(writer.last(), 60 * config.train_minutes),
             step=start_step,
             recorded=start_step == 0,
