@@ -38,17 +38,32 @@ def _pump(stream, log_path: Path | None, echo: bool) -> None:
 
 
 class Group:
-    """Processes started together; `stop_all` is how to ask every one of them to save and stop."""
+    """Processes started together, one launch at a time; a backend keeps one for its life, so that
+    a stop asked before a launch has its processes (`interrupt` from another thread while the row
+    is claimed) is kept: that launch, and any later one, starts none."""
 
-    def __init__(self, stop_all: Callable[[], None], kill_all: Callable[[], None], grace_s: float = 60.0):
-        self.stop_all, self.kill_all, self.grace_s = stop_all, kill_all, grace_s
+    def __init__(self, grace_s: float = 60.0):
+        self.grace_s = grace_s
+        self.stop_all: Callable[[], None] = lambda: None
+        self.kill_all: Callable[[], None] = lambda: None
         self.interrupted = False
 
     def run(
-        self, argvs: list[list[str]], logs: list[Path | None], echo_first: bool = True, handle_signals: bool = True
+        self,
+        argvs: list[list[str]],
+        logs: list[Path | None],
+        stop_all: Callable[[], None],
+        kill_all: Callable[[], None],
+        echo_first: bool = True,
+        handle_signals: bool = True,
     ) -> int:
-        """Start every argv, wait; on a failure or a signal to us, stop the rest. The combined status.
-        Without `handle_signals` (a group run from a thread), the caller forwards signals by `interrupt`."""
+        """Start every argv, wait; on a failure or a signal to us, stop the rest (`stop_all` asks
+        every process to save and stop, `kill_all` kills them after the grace period). The combined
+        status; 75 with nothing started after an `interrupt`. Without `handle_signals` (a group
+        run from a thread), the caller forwards signals by `interrupt`."""
+        self.stop_all, self.kill_all = stop_all, kill_all
+        if self.interrupted:  # nothing started, nothing to save
+            return exitcodes.STOPPED
         for log in logs:
             if log:
                 log.parent.mkdir(parents=True, exist_ok=True)

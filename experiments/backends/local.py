@@ -27,8 +27,7 @@ class Local:
             raise UserError(f"--processes must be at least 1, not {args.processes}.")
         self.processes, self.grace_s, self.port = args.processes, args.grace_s, args.port
         self.echo, self.handle_signals = echo, handle_signals  # off for rows run side by side in threads
-        self.group: group.Group | None = None  # the running launch, if any
-        self.requested = False  # a stop asked before the launch had its processes: the launch starts none
+        self.group = group.Group(self.grace_s)
 
     def rundir(self, job: Job, i: int) -> Path:
         return job.logdir / f"process_{i}"
@@ -58,19 +57,13 @@ class Local:
         once = " (once training begins: a refused run writes nothing there)" if job.hold_log else ""
         for i in range(self.processes):
             say(f"process {i}: log {self.rundir(job, i) / 'worker.log'}{once}")
-        self.group = group.Group(
-            lambda: self.signal(job, signal.SIGTERM), lambda: self.signal(job, signal.SIGKILL), self.grace_s
-        )
-        if self.requested:  # Ctrl-C or SIGTERM while the row was being claimed: nothing started, nothing to save
-            return Launched.of(exitcodes.STOPPED, interrupted=True)
         # each worker writes its own log: take process 0's output to the console, drop the rest
-        status = self.group.run(argvs, [None] * self.processes, self.echo, self.handle_signals)
+        stop, kill = (lambda: self.signal(job, signal.SIGTERM)), (lambda: self.signal(job, signal.SIGKILL))
+        status = self.group.run(argvs, [None] * self.processes, stop, kill, self.echo, self.handle_signals)
         return Launched.of(status, self.group.interrupted)
 
     def interrupt(self) -> None:
-        self.requested = True
-        if self.group is not None:
-            self.group.interrupt()
+        self.group.interrupt()
 
     def signal(self, job: Job, sig: signal.Signals) -> None:
         """Send `sig` to the fxformer command each process's worker runs now (only those)."""

@@ -18,7 +18,6 @@ from experiments import group
 from experiments.backends.base import Launched
 from experiments.cli import commit, say, which
 from experiments.job import Job, run_commands
-from fxformer import exitcodes
 from fxformer.errors import UserError
 
 CODE, VENV, RUNS = "~/fxformer", "../fxformer-venv", "../fxformer-runs"  # VENV, RUNS: seen from CODE (~/...)
@@ -42,8 +41,7 @@ class Tpu:
         if not args.tpu or not args.zone:
             raise UserError("The tpu backend needs --tpu=<TPU VM name> and --zone=<zone>.")
         self.args, self.echo, self.handle_signals = args, echo, handle_signals
-        self.group: group.Group | None = None  # the running launch, if any
-        self.requested = False  # a stop asked before the launch had its workers: the launch starts none
+        self.group = group.Group(args.grace_s)
 
     # -- gcloud command lines ------------------------------------------------------------------
 
@@ -148,15 +146,11 @@ class Tpu:
             say(f"worker {i}: log {log}")
         stop = lambda: run_commands([self.stop_command(job)], False, check=False)
         kill = lambda: run_commands([self.stop_command(job, kill=True)], False, check=False)
-        self.group = group.Group(stop, kill, self.args.grace_s)
-        if self.requested:  # Ctrl-C or SIGTERM while the row was claimed or the code synced: nothing started
-            return Launched.of(exitcodes.STOPPED, interrupted=True)
-        return Launched.of(self.group.run(argvs, logs, self.echo, self.handle_signals), self.group.interrupted)
+        status = self.group.run(argvs, logs, stop, kill, self.echo, self.handle_signals)
+        return Launched.of(status, self.group.interrupted)
 
     def interrupt(self) -> None:
-        self.requested = True
-        if self.group is not None:
-            self.group.interrupt()
+        self.group.interrupt()
 
     def print_launch(self, job: Job) -> int:
         """The launch as a shell script: sync, then one ssh per worker in parallel, each to its log."""
