@@ -184,7 +184,8 @@ def test_first_difference_ignores_fields_only_one_side_has():
 
 def test_a_resumed_sweeps_eta_is_paced_by_the_runs_it_worked_on():
     """Runs found finished are skipped in no time: the ETA is the wall time per run that this
-    invocation trained, times the runs left, not zero because 37 were skipped first."""
+    invocation trained, times the runs left, not zero because 37 were skipped first; a resumed
+    run counts as the part of its steps trained now."""
     pace = runner.Pace()
     assert pace.eta(25, 100.0) == ""  # nothing ended yet: no ETA
     pace.began(100.0)
@@ -193,6 +194,11 @@ def test_a_resumed_sweeps_eta_is_paced_by_the_runs_it_worked_on():
     assert pace.eta(4, 700.0) == ", ETA 40m00s"  # (700 - 100) s per run x 4 runs
     pace.ended()
     assert pace.eta(3, 1300.0) == ", ETA 30m00s"  # 1200 s for two runs x 3
+    resumed = runner.Pace()
+    resumed.began(0.0)
+    resumed.ended(start_step=2400, end_step=2800)  # a run in flight when the last session ended: 1/7 of a run
+    resumed.ended(start_step=0, end_step=2100)  # one trained whole, ended early by its plateau
+    assert resumed.eta(7, 1600.0) == ", ETA 2h43m20s"  # 1600 s per 8/7 run = 1400 s per run, x 7 = 9800 s
 
 
 @pytest.mark.slow
