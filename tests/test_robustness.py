@@ -110,6 +110,12 @@ def test_divergence_watch():
     assert train.DivergenceWatch(4.0, 1000).first_bad([6.9, 6e10])[0] == 1  # from the first steps
     assert train.DivergenceWatch(4.0, 1000).first_bad([0.2, 0.9]) is None  # 4.5x, but within 2 nats
     assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
+    # a resumed run compares with the best loss logged up to its resume step, not with its own first steps
+    logged = [{"step": 50, "loss": 6.0}, {"step": 100, "loss": 2.4, "dev_loss": 9.0}, {"step": 150, "loss": 1.0}]
+    resumed = train.DivergenceWatch(4.0, 1000, logged, resume_step=100)
+    assert resumed.best == 2.4  # step 150 lies past the resume: it is retrained
+    assert resumed.first_bad([11.0]) == (0, "exploded to 11 per token (best so far 2.4)")
+    assert train.DivergenceWatch(4.0, 1000).first_bad([11.0]) is None  # what a resume saw before
 
 
 def test_runs_overlaid_by_plot_are_labelled_by_as_much_of_their_paths_as_tells_them_apart():
