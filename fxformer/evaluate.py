@@ -139,7 +139,7 @@ def main() -> None:
     args = inferflags.parse(p)
     say = parallel.print_once
     if args.hypotheses:
-        r = score_file(args.workdir, args.hypotheses, args.split, args.limit)
+        r = score_file(args.workdir, args.hypotheses, args.split, args.limit, log=say)
         say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}")
@@ -152,7 +152,7 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, report=report)
+    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, say, report)
     say(
         f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
         f"{r.get('path', args.workdir)}"

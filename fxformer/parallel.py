@@ -59,8 +59,9 @@ def join_cluster(args: argparse.Namespace) -> None:
 
 def print_once(*args, **kwargs) -> None:
     """`print` on process 0 alone: every process holds the same results, and a scheduler that
-    gathers every process's output into one log should show them once."""
-    if jax.process_index() == 0:
+    gathers every process's output into one log should show them once. Outside a cluster it
+    prints without asking JAX (which would start its backends: a GPU's memory, a TPU)."""
+    if not jax.distributed.is_initialized() or jax.process_index() == 0:
         print(*args, **kwargs)
 
 

@@ -165,13 +165,14 @@ def test_evaluate_and_attention_maps_on_two_processes_print_their_results_once(e
     shutil.copytree(eight_device_workdir, workdir)
     source = "Today the woman buys a book."
     commands = {
-        "fxformer.evaluate": ["--step=20", "--limit=5"],
+        "fxformer.evaluate": ["--average_last=2", "--limit=5"],  # it says what it averages, too
         "fxformer.attention_maps": ["--step=20", f"--source={source}", "--view=grid", "--name=n"],
     }
     for module, flags in commands.items():
         alone = run(module, f"--workdir={workdir}", *flags)
         assert alone.returncode == 0, alone.stderr[-3000:]
         command = [sys.executable, "-m", module, f"--workdir={workdir}", *flags]
+        shutil.rmtree(workdir / "averaged", ignore_errors=True)  # averaged again, and said so again
         ended = on_two_processes(lambda port, i: [*command, *cluster_flags(port, i)])  # noqa: B023
         assert [status for status, _, _ in ended] == [0, 0], ended[0][2][-3000:] + ended[1][2][-3000:]
         said = [[line for line in out.splitlines() if line and not line.startswith("[Gloo]")] for _, out, _ in ended]
