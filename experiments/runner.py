@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import shlex
 import signal
 import threading
@@ -33,7 +34,7 @@ from experiments import status as status_verb
 from experiments.backends import Backend, Launched, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
 from experiments.context import Context, Replicate
-from experiments.rowstate import RowStatus
+from experiments.rowstate import RowState, RowStatus
 from fxformer import exitcodes, paths
 from fxformer.config import config_changes
 from fxformer.errors import UserError
@@ -165,12 +166,21 @@ def check_configs(ctx: Context, units: list[Replicate], wanted: dict[str, dict])
         say(f"{rep.name}: {key} changed ({old!r} -> {new!r}); moved the old run to {rep.name}.old{n}")
 
 
+def trained_part(found: RowState, ended: RowState) -> float:
+    """The part of a run's steps trained between two looks at its row: 1 for a whole run, 1/7 for
+    one resumed at 2,400 that ended by its plateau at 2,800, 0 for one that failed at once, was
+    only evaluated, or was left to the launcher that holds it."""
+    last = max(ended.step, ended.total_steps or 0)
+    return max(0, ended.step - found.step) / max(last, 1)
+
+
 class Pace:
     """The sweep's ETA: the wall time since the first run this invocation worked on began, per run
-    it ended, times the runs left. Runs found finished and skipped take no time and count in
+    it trained, times the runs left. Runs found finished and skipped take no time and count in
     neither, or a resumed sweep would read an ETA of seconds; a run resumed from a checkpoint
-    counts as the part of its steps it trained (resumed at 2,400 of 2,800: a seventh of a run), or
-    the runs in flight when a session ended, finishing first, would make the ETA minutes."""
+    counts as the part of its steps it trained (`trained_part`), or the runs in flight when a
+    session ended, finishing first, would make the ETA minutes. Evaluation is time without steps:
+    a sweep that only evaluates shows no ETA."""
 
     def __init__(self):
         self.first: float | None = None
@@ -179,9 +189,9 @@ class Pace:
     def began(self, now: float) -> None:
         self.first = now if self.first is None else self.first
 
-    def ended(self, start_step: int = 0, end_step: int = 1) -> None:
-        """A run ended at `end_step` (its last), trained from `start_step` by this invocation."""
-        self.runs += max(0, end_step - start_step) / max(end_step, 1)
+    def ended(self, part: float = 1.0) -> None:
+        """A run ended, `part` of it trained by this invocation."""
+        self.runs += part
 
     def eta(self, left: int, now: float) -> str:
         """', ETA 1h02m03s' for `left` runs (this one included), or '' before a run ended."""
@@ -219,8 +229,8 @@ class Runs:
         finally:
             del self.live[rep.name]
             if works:
-                ended = self.ctx.read(rep)
-                self.pace.ended(found.step, max(ended.step, ended.total_steps or 0))
+                with contextlib.suppress(UserError):  # a damaged file is for the next look to report
+                    self.pace.ended(trained_part(found, self.ctx.read(rep)))
 
     def all(self) -> dict[str, RowStatus]:
         """Every unit's outcome; raises SweepStopped after a signal, once the running ones stopped."""

@@ -25,7 +25,7 @@ from experiments import __main__ as experiments_main
 from experiments import rowstate, runner
 from experiments import sweep as sweeps
 from experiments.context import Context
-from experiments.rowstate import RowStatus
+from experiments.rowstate import RowState, RowStatus
 from fxformer import exitcodes, optim, paths
 from fxformer.errors import UserError
 
@@ -196,9 +196,22 @@ def test_a_resumed_sweeps_eta_is_paced_by_the_runs_it_worked_on():
     assert pace.eta(3, 1300.0) == ", ETA 30m00s"  # 1200 s for two runs x 3
     resumed = runner.Pace()
     resumed.began(0.0)
-    resumed.ended(start_step=2400, end_step=2800)  # a run in flight when the last session ended: 1/7 of a run
-    resumed.ended(start_step=0, end_step=2100)  # one trained whole, ended early by its plateau
+    resumed.ended(400 / 2800)  # a run in flight when the last session ended: 1/7 of a run
+    resumed.ended(1.0)  # one trained whole
     assert resumed.eta(7, 1600.0) == ", ETA 2h43m20s"  # 1600 s per 8/7 run = 1400 s per run, x 7 = 9800 s
+
+
+def test_the_part_of_a_run_trained_is_its_steps_between_two_looks_over_its_last_step(tmp_path):
+    def row(step: int, early_end: int | None = None) -> RowState:
+        status = {"config": {"num_train_steps": 2800}, "attempts": 1}  # what an attempt writes first
+        return RowState(paths.Workdir(tmp_path), status, [step] if step else [], step, early_end=early_end)
+
+    part = runner.trained_part
+    assert part(row(2400), row(2800)) == pytest.approx(1 / 7)  # resumed at 2,400, ended at the cap
+    assert part(row(0), row(2100, early_end=2100)) == 1.0  # a whole run that its plateau ended early
+    assert part(row(0), row(1400)) == 0.5  # stopped half way: half a run
+    assert part(row(0), row(0)) == 0.0  # failed at once: it trained nothing, whatever its config's steps
+    assert part(row(1000), row(1000)) == 0.0  # left to the launcher that holds it, or only evaluated
 
 
 @pytest.mark.slow
