@@ -75,6 +75,9 @@ class Sweep:
     noise_source: str = ""  # where that sd comes from, for the table's footer
     more_splits: tuple[str, ...] = ()  # evaluated too, with eval_flags' decoding: e.g. the test set beside dev
     pilot_rows: tuple[str, ...] = ()  # rows looked at to choose the recipe: marked, left out of the count
+    plan: dict = dataclasses.field(default_factory=dict)  # the analysis plan's settings (experiments.analysis)
+    claims: tuple[dict, ...] = ()  # the reference's stated conclusions: {"claim", "rows": {row: direction}}
+    data_source: str = ""  # where the data files come from (records' header, beside their SHA-256)
 
     @property
     def eval_split(self) -> str:
@@ -167,6 +170,9 @@ def from_dict(name: str, profile: str, description: dict) -> Sweep:
         noise_source=description.get("noise_source", ""),
         more_splits=tuple(description.get("more_splits", ())),
         pilot_rows=tuple(description.get("pilot_rows", ())),
+        plan=dict(description.get("plan", {})),
+        claims=tuple(description.get("claims", ())),
+        data_source=description.get("data_source", ""),
         replicates=counts if isinstance(counts := description.get("replicates", 1), dict) else {"*": counts},
     )
 
