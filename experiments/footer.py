@@ -13,6 +13,7 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
     whose curves miss a dev evaluation (`records.dev_gaps`)."""
     finished = [r for r in recs if r.results]
     first = finished[0].results if finished else {}
+    search = first.get("decode") or first  # the decode options; older results held them at top level too
     runs, done = sum(r.seeds_run for r in recs), sum(r.seeds_finished for r in recs)
     complete = sum(0 < r.seeds_finished == r.seeds_run for r in recs)
     unique = lambda key: sorted({str(getattr(r, key)) for r in recs if getattr(r, key)}) or ["?"]  # noqa: E731
@@ -23,8 +24,8 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
     if source["origin"] != "run directories":
         lines.append(f"Source: {source['origin']}.")
     lines += [
-        f"sacreBLEU: {first.get('signature', '?')}; beam {first.get('beam_size', '?')}, alpha "
-        f"{first.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences"
+        f"sacreBLEU: {first.get('signature', '?')}; beam {search.get('beam_size', '?')}, alpha "
+        f"{search.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences"
         f"{more_splits_note(sweep, recs)}; no checkpoint averaging.",
         f"Devices: {', '.join(unique('devices'))}; global batch {', '.join(unique('tokens_per_batch'))} tokens per "
         f"side per step; commit {', '.join(unique('commit'))}.",
