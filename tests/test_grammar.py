@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fxformer.data import grammar, grammar2
+from fxformer.data import grammar, harder_grammar
 from fxformer.data.baseline import baseline_bleu, learn_lexicon, translate_monotone
 from fxformer.data.grammar import (
     NP,
@@ -41,15 +41,18 @@ def test_both_grammars_are_deterministic_across_processes_and_hash_seeds():
     """The corpus of each grammar (v1 `embedded`, v2 `embedded2`) is the same in processes with
     different string-hash seeds as in this one."""
     code = (
-        "import hashlib; from fxformer.data import grammar, grammar2; "
-        "print(*(hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() for g in (grammar, grammar2)))"
+        "import hashlib; from fxformer.data import grammar, harder_grammar; "
+        "print(*(hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() "
+        "for g in (grammar, harder_grammar)))"
     )
     digests = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         digests.add(tuple(out.stdout.split()))
-    local = tuple(hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() for g in (grammar, grammar2))
+    local = tuple(
+        hashlib.sha256(repr(g.generate_pairs(300, 11)).encode()).hexdigest() for g in (grammar, harder_grammar)
+    )
     assert digests == {local}
 
 

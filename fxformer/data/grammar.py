@@ -26,7 +26,7 @@ Grammar (English order; German order and morphology in brackets)::
 
 The renderers take their words from a ``Lexicon`` (``LEXICON`` here) and can also render a PP or
 a relative clause inside a noun phrase ("der Mann mit dem Hund", "der Mann, der schläft,"),
-which this grammar never samples: grammar v2 (``grammar2.py``) renders with them.
+which this grammar never samples: grammar v2 (``harder_grammar.py``) renders with them.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class NP:
 
     ``det`` is a key of DETERMINERS, a number word (plural) or "" (bare plural).  ``pp`` and
     ``rel`` modify the noun in place ("the man with the dog", "the man who sleeps"; German
-    "der Mann, der schläft,"); v1's sampler sets neither (grammar2's does).
+    "der Mann, der schläft,"); v1's sampler sets neither (harder_grammar's does).
     """
 
     head: str

@@ -2,7 +2,7 @@
 
 Three changes to v1 (`grammar.py`), each so that model capacity and regularisation matter:
 
-- **A long-tailed lexicon.** v1's words plus 1,300 generated pseudo-words (`lexicon2.py`) whose
+- **A long-tailed lexicon.** v1's words plus 1,300 generated pseudo-words (`pseudowords.py`) whose
   German forms, genders, plural classes, weak declension and verb classes must be memorised;
   nouns, verbs and adjectives are drawn with Zipf frequencies (rank ** -ZIPF_S, v1's words
   ranked first), so rare words are seen a few times only.
@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from fxformer.data import grammar as g
-from fxformer.data import lexicon2
+from fxformer.data import pseudowords
 from fxformer.data.grammar import NP, PP, Clause, Sentence
 
-LEXICON = lexicon2.build()
+LEXICON = pseudowords.build()
 ZIPF_S = 1.0
 MAX_DEPTH = 2  # embedding levels: a clause or PP inside the main clause is at depth 1, inside that at 2
 P_NP_PP, P_SUBJECT_REL, P_REL_IN_PLACE = 0.12, 0.1, 0.5

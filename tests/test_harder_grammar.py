@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 from conftest import small_config
 
-from fxformer.data import corpora, grammar, grammar2, lexicon2
+from fxformer.data import corpora, grammar, harder_grammar, pseudowords
 from fxformer.data.grammar import NP, PP, Clause
-from fxformer.data.grammar2 import LEXICON, Sentence2, generate_pairs, make_splits, render
+from fxformer.data.harder_grammar import LEXICON, Sentence2, generate_pairs, make_splits, render
 
 
 def _generated(entries: dict, v1: dict) -> dict:
@@ -30,7 +30,7 @@ def _first(entries: dict, **fields) -> str:
 
 def test_lexicon_sizes_deterministic_and_every_form_its_own():
     assert (len(NOUNS), len(VERBS), len(ADJECTIVES)) == (800, 300, 200)
-    assert lexicon2.build() == LEXICON and lexicon2.build(seed=3) != LEXICON
+    assert pseudowords.build() == LEXICON and pseudowords.build(seed=3) != LEXICON
     # Independently: each lemma's forms in both languages (its senses together), lowercased.
     v1, generated = set(), []
     for lemmas, entries, v1_entries in [
@@ -67,7 +67,7 @@ def test_generated_words_are_german_and_english_like():
     assert all(n.de[0].isupper() and n.en.islower() and n.de.lower() != n.en for n in NOUNS.values())
     assert all(v.de_inf.endswith("en") for v in VERBS.values())
     assert {v.aux for v in VERBS.values() if v.frame == "motion"} == {"sein"}
-    prefixed = [v for v in VERBS.values() if v.de_pp.startswith(lexicon2._VERB_PREFIXES)]
+    prefixed = [v for v in VERBS.values() if v.de_pp.startswith(pseudowords._VERB_PREFIXES)]
     strong = [v for v in VERBS.values() if v.de_pp.startswith("ge") and v.de_pp.endswith("en")]
     assert len(prefixed) > 30 and len(strong) > 10  # participles to memorise: besucht, gesungen
     assert all(re.fullmatch(r"[a-z]+", a.en) and re.fullmatch(r"[a-zäöüß]+", a.de) for a in ADJECTIVES.values())
@@ -83,7 +83,7 @@ def test_word_frequencies_are_zipfian():
         per_lemma = [sum(english[f] for f in set(forms(entries[senses[0]]))) for senses in lemmas]
         frequencies = np.array(sorted(per_lemma, reverse=True)[4:150], float)  # ranks 5 to 150
         slope = np.polyfit(np.log(np.arange(5, 151)), np.log(frequencies), 1)[0]
-        assert abs(slope + grammar2.ZIPF_S) < 0.25, slope
+        assert abs(slope + harder_grammar.ZIPF_S) < 0.25, slope
         assert sum(c > 0 for c in per_lemma) > 0.9 * len(lemmas)  # the tail is seen, rarely
 
 
@@ -93,7 +93,7 @@ def test_german_is_not_a_function_of_the_english():
     translations = defaultdict(set)
     for i in range(300):
         for j in range(4):
-            en, de = render(grammar2.sample_sentence(random.Random(i), random.Random(1000 + j)))
+            en, de = render(harder_grammar.sample_sentence(random.Random(i), random.Random(1000 + j)))
             translations[en].add(de)
     assert len(translations) == 300  # the German choices never change the English
     varied = sum(len(germans) > 1 for germans in translations.values())
