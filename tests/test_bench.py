@@ -137,3 +137,55 @@ def test_each_chip_gets_its_own_peak_and_a_longer_name_comes_before_its_prefix()
     assert peak("NVIDIA H100 NVL") == 835.0 and peak("NVIDIA H200") == 989.0 and peak("NVIDIA H200 NVL") == 835.0
     assert peak("TPU v5 lite") == 197.0 and peak("TPU v5") == 459.0  # v5e, and v5p as JAX names it
     assert peak("NVIDIA A100-SXM4-80GB", "float32") == 156.0 and peak("cpu") is None
+
+
+def test_the_packed_bench_batch_holds_several_sentences_a_row_as_training_packs_them():
+    batch = bench.packed_batch(97, 256, 37000)
+    assert all(v.shape == (97, 256) and v.dtype == np.int32 for v in batch.values())
+    for side in ("inputs", "targets"):
+        ids, segments, positions = batch[side], batch[f"{side}_segment_ids"], batch[f"{side}_positions"]
+        for row in range(97):
+            real = segments[row] > 0
+            n = real.sum()
+            assert real[:n].all() and not real[n:].any()  # sentences first, padding after them
+            assert (np.diff(segments[row, :n]) >= 0).all() and segments[row, 0] == 1  # 1, 1, ..., 2, 2, ...
+            starts = np.flatnonzero(np.diff(segments[row, :n], prepend=0))
+            ends = np.append(starts[1:], n) - 1
+            assert (positions[row, starts] == 0).all() and (ids[row, ends] == tokens.EOS_ID).all()
+            assert (positions[row, :n] == np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))).all()
+            assert (ids[row, n:] == tokens.PAD_ID).all() and (ids[row, :n] != tokens.PAD_ID).all()
+        assert (segments > 0).mean() > 0.85  # first fit leaves little padding
+    assert (batch["inputs_segment_ids"].max(1) == batch["targets_segment_ids"].max(1)).all()  # pairs
+    assert 6 <= batch["targets_segment_ids"].max(1).mean() <= 11  # a WMT row of 256 holds about 8
+
+
+def test_the_segment_flop_count_counts_the_query_key_pairs_of_the_segment_mask():
+    c = trainstate.model_of(configfile.load_config("configs/default.py"), 1000).config
+    full, packed = bench.synthetic_batch(8, 64, 1000), bench.packed_batch(8, 64, 1000)
+    dense = bench.train_flops(c, 8, 64)
+    assert bench.segment_train_flops(c, full) == pytest.approx(dense, rel=1e-12)  # one sentence a row
+    source, target = packed["inputs_segment_ids"], packed["targets_segment_ids"]
+
+    def pairs(q, k):  # the mask the reference attention applies, counted
+        return ((q[:, :, None] == k[:, None, :]) & (q[:, :, None] > 0)).sum()
+
+    hidden = 8 * 3 * 64 * 64 - pairs(source, source) - pairs(target, target) - pairs(target, source)
+    want = dense - 3 * c.num_layers * 2.0 * c.num_heads * (c.d_k + c.d_v) * hidden
+    assert bench.segment_train_flops(c, packed) == pytest.approx(want, rel=1e-12) and want < dense
+
+
+@pytest.mark.slow
+def test_bench_on_the_packed_batch_reports_both_flop_counts():
+    result = run_bench(
+        "--steps=1",
+        "--decode_batch=0",
+        "--batch=packed",
+        "--config.model.num_layers=1",
+        "--config.data.tokens_per_batch=1024",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["batch"] == "packed" and out["segments_per_row"] > 1
+    assert out["flops_per_step_segments"] < out["flops_per_step"] and out["mfu"] is None and out["mfu_segments"] is None
+    assert out["real_target_tokens_per_step"] < out["tokens_per_step"]
+    assert "MFU (dense count)" in result.stdout and "MFU (within segments)" in result.stdout
