@@ -1,0 +1,216 @@
+"""The README and docs/ cannot rot: every `python -m <module> ... --flag` they show names a module
+that exists and a flag its `--help` lists (or, for `--config.<key>`, a field of the config schema),
+and every relative link and image resolves, anchors included. Cheap: one `--help` per command, run
+in a subprocess and cached, no training.
+
+The checker is tested on itself too: a renamed flag and a broken link make it fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RESULTS = sorted((REPO / "experiments" / "results").glob("*/README.md"))  # links only: they keep old commands
+CHECKED = ("fxformer", "experiments")  # the modules whose flags are checked (not pytest, pip, venv)
+VERBS = ("experiments",)  # modules whose first argument is a verb with its own --help
+SWITCH = {"experiments": "fxformer.train"}  # after a bare `--`, the flags go to this module
+
+FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.S | re.M)
+INLINE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")  # an inline code span, possibly across lines of a paragraph
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+COMMAND = re.compile(r"(?:^|(?<=[\s;&|(]))(?:\S*/)?python[0-9.]*\s+-m\s+([A-Za-z_][\w.]*)(.*)")
+FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w.<>-]*|(?=\s|$))")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+
+
+def code_and_prose(text: str) -> tuple[list[str], str]:
+    """The code a page shows (fenced blocks with `\\` continuations joined, and inline spans), and
+    its prose with the code taken out (where its links are)."""
+    blocks = [body.replace("\\\n", " ") for _, body in FENCE.findall(text)]
+    prose = FENCE.sub("", text)
+    spans = [span.replace("\n", " ") for span in INLINE.findall(prose)]
+    return blocks + spans, INLINE.sub("", prose)
+
+
+@functools.cache
+def scripts() -> dict[str, str]:
+    """pyproject.toml's console commands -> the module each runs (`fxformer-train` -> `fxformer.train`)."""
+    section = re.search(r"^\[project\.scripts\]\n(.*?)(?=^\[|\Z)", (REPO / "pyproject.toml").read_text(), re.S | re.M)
+    table = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+):\w+"', section[1] if section else "", re.M)
+    return {name: target.removesuffix(".__main__") for name, target in table}
+
+
+def commands(code: str) -> list[tuple[str, str, list[str]]]:
+    """Each command in `code` as (module, verb, [flags]), the flags without their dashes and values;
+    a flag after a bare `--` is the next module's (`experiments launch ... -- --workdir=W`)."""
+    found = []
+    console = "|".join(re.escape(name) for name in sorted(scripts(), key=len, reverse=True))
+    if console:  # a console command is its module: `fxformer-train` -> `python -m fxformer.train`
+        code = re.sub(rf"(?<![\w/-])({console})(?![\w-])", lambda m: "python -m " + scripts()[m[1]], code)
+    for line in code.splitlines():
+        for match in COMMAND.finditer(line):
+            module, rest = match[1], re.split(r"&&|;|\s\|\s|\s#", match[2])[0]
+            if module.split(".")[0] not in CHECKED:
+                continue
+            verb = ""
+            if module in VERBS:
+                words = rest.split()
+                verb = words[0] if words and not words[0].startswith("-") else ""
+            flags: list[str] = []
+            for flag in FLAG.findall(rest):
+                if flag == "":  # a bare `--`: what follows goes to the next module
+                    found.append((module, verb, flags))
+                    module, verb, flags = SWITCH.get(module, module), "", []
+                    continue
+                flags.append(flag.split("=")[0])
+            found.append((module, verb, flags))
+    return found
+
+
+@functools.cache
+def help_flags(module: str, verb: str = "") -> frozenset[str] | None:
+    """The flags `python -m module [verb] --help` lists (from its option rows), or None when it fails."""
+    argv = [sys.executable, "-m", module, *([verb] if verb else []), "--help"]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        return None
+    rows = re.findall(r"^  (-[^\s].*?)(?:\s{2,}|$)", result.stdout, re.M)
+    return frozenset(flag for row in rows for flag in re.findall(r"--([\w-]+)", row))
+
+
+@functools.cache
+def config_keys() -> frozenset[str]:
+    """Every dotted key of the config schema, sections included."""
+    from fxformer import config, schema
+
+    return frozenset(config.dotted_keys(schema.defaults(), sections=True))
+
+
+def flag_problems(module: str, verb: str, flags: list[str]) -> list[str]:
+    """What is wrong with one command: a module or verb without --help, a flag it does not list."""
+    shown = f"python -m {module}" + (f" {verb}" if verb else "")
+    known = help_flags(module, verb)
+    if known is None:
+        return [f"`{shown} --help` fails: no such module or verb"]
+    problems = []
+    for flag in flags:
+        if flag.startswith("config."):
+            key = flag[len("config.") :]
+            if "<" in key or key == "":  # a placeholder: --config.<key>=<value>
+                key = key.split("<")[0].rstrip(".")
+                if key and key not in config_keys():
+                    problems.append(f"{shown}: --config.{key}.<...>: no such config section")
+            elif key not in config_keys():
+                problems.append(f"{shown}: --config.{key}: no such config field")
+        elif "<" not in flag and flag not in known:
+            problems.append(f"{shown}: --{flag} is not a flag of its --help")
+    return problems
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercased, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading anchors by its text
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a markdown page's headings (a repeated heading gets -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        base = slug(heading)
+        out.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def link_problems(page: Path, root: Path) -> list[str]:
+    """Every relative link and image of `page` that does not resolve (a file, a folder, an anchor)."""
+    _, prose = code_and_prose(page.read_text())
+    problems = []
+    for target in LINK.findall(prose):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        where = f"{page.relative_to(root)}: ({target})"
+        if not resolved.exists():
+            problems.append(f"{where} does not exist")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            problems.append(f"{where}: no heading '#{anchor}' in {resolved.name}")
+    return problems
+
+
+def problems(pages: list[Path], root: Path = REPO, link_pages: list[Path] = ()) -> list[str]:
+    """Everything wrong with `pages` (commands and links) and with `link_pages` (links only)."""
+    found = []
+    per_page = []
+    for page in pages:
+        code, _ = code_and_prose(page.read_text())
+        per_page.append((page, [cmd for snippet in code for cmd in commands(snippet)]))
+    wanted = {(module, verb) for _, cmds in per_page for module, verb, _ in cmds}
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each command's --help once, a few at a time
+        list(pool.map(lambda mv: help_flags(*mv), sorted(wanted)))
+    for page, cmds in per_page:
+        for module, verb, flags in cmds:
+            found += [f"{page.relative_to(root)}: {p}" for p in flag_problems(module, verb, flags)]
+        found += link_problems(page, root)
+    for page in link_pages:
+        found += link_problems(page, root)
+    return sorted(set(found))
+
+
+def test_every_command_flag_and_link_of_the_readme_and_docs_holds():
+    assert (REPO / "docs").is_dir() and len(PAGES) > 1
+    assert problems(PAGES, REPO, RESULTS) == []
+
+
+def test_the_pages_show_every_command_and_the_checker_sees_them():
+    """The checker reads what the pages show: the modules of the README and docs, with their flags."""
+    shown = {
+        module for page in PAGES for snippet in code_and_prose(page.read_text())[0] for module, *_ in commands(snippet)
+    }
+    assert {"fxformer.train", "fxformer.evaluate", "fxformer.translate", "fxformer.attention_maps"} <= shown
+    assert {"fxformer.data", "fxformer.bench", "fxformer.params", "experiments"} <= shown
+    # a bare `--` hands the rest to fxformer.train; a console command is its module
+    assert commands("python -m experiments launch --backend=local -- --workdir=W --config.seed=1") == [
+        ("experiments", "launch", ["backend"]),
+        ("fxformer.train", "", ["workdir", "config.seed"]),
+    ]
+    assert commands("fxformer-evaluate --workdir=W --step=best") == [("fxformer.evaluate", "", ["workdir", "step"])]
+
+
+def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config_key(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "there.md").write_text("# There\n\n## A section\n")
+    good = tmp_path / "README.md"
+    good.write_text(
+        "# Try\n\n```sh\npython -m fxformer.evaluate --workdir=runs/default --split=test \\\n"
+        "    --config.decode.beam_size=8\n```\n\n[there](docs/there.md#a-section) and `--config.<key>=<value>`.\n"
+    )
+    assert problems([good], tmp_path) == []
+
+    bad = tmp_path / "BAD.md"
+    bad.write_text(
+        good.read_text()
+        .replace("--split=test", "--splits=test")  # a renamed flag
+        .replace("beam_size", "beam_width")  # a config field that does not exist
+        .replace("docs/there.md", "docs/gone.md")  # a broken link
+        + "\n![figure](docs/missing.png) [anchor](docs/there.md#no-such-section)\n"
+        + "`python -m fxformer.no_such_command --help`\n"
+    )
+    found = problems([bad], tmp_path)
+    assert any("--splits is not a flag" in p for p in found), found
+    assert any("--config.decode.beam_width: no such config field" in p for p in found), found
+    assert any("docs/gone.md#a-section) does not exist" in p for p in found), found
+    assert any("docs/missing.png) does not exist" in p for p in found), found
+    assert any("no heading '#no-such-section'" in p for p in found), found
+    assert any("python -m fxformer.no_such_command --help` fails" in p for p in found), found
+    assert len(found) == 6, found
