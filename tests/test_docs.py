@@ -27,6 +27,7 @@ INLINE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")  # an inline code span, possib
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 COMMAND = re.compile(r"(?:^|(?<=[\s;&|(]))(?:\S*/)?python[0-9.]*\s+-m\s+([A-Za-z_][\w.]*)(.*)")
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w.<>-]*|(?=\s|$))")
+CONSOLE = re.compile(r"(?<![\w/.~-])(fxformer-[a-z][a-z-]*)(?![\w/.-])")  # a console command's name
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
 
 
@@ -155,6 +156,8 @@ def problems(pages: list[Path], root: Path = REPO, link_pages: list[Path] = ()) 
     for page in pages:
         code, _ = code_and_prose(page.read_text())
         per_page.append((page, [cmd for snippet in code for cmd in commands(snippet)]))
+        for name in sorted({name for snippet in code for name in CONSOLE.findall(snippet)} - scripts().keys()):
+            found.append(f"{page.relative_to(root)}: {name} is not a command of pyproject.toml's [project.scripts]")
     wanted = {(module, verb) for _, cmds in per_page for module, verb, _ in cmds}
     with ThreadPoolExecutor(max_workers=4) as pool:  # each command's --help once, a few at a time
         list(pool.map(lambda mv: help_flags(*mv), sorted(wanted)))
@@ -204,7 +207,7 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
         .replace("beam_size", "beam_width")  # a config field that does not exist
         .replace("docs/there.md", "docs/gone.md")  # a broken link
         + "\n![figure](docs/missing.png) [anchor](docs/there.md#no-such-section)\n"
-        + "`python -m fxformer.no_such_command --help`\n"
+        + "`python -m fxformer.no_such_command --help` and `fxformer-no-such-command`\n"
     )
     found = problems([bad], tmp_path)
     assert any("--splits is not a flag" in p for p in found), found
@@ -213,4 +216,5 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
     assert any("docs/missing.png) does not exist" in p for p in found), found
     assert any("no heading '#no-such-section'" in p for p in found), found
     assert any("python -m fxformer.no_such_command --help` fails" in p for p in found), found
-    assert len(found) == 6, found
+    assert any("fxformer-no-such-command is not a command" in p for p in found), found
+    assert len(found) == 7, found
