@@ -95,3 +95,8 @@ def test_the_distribution_holds_the_fxformer_package_alone():
     """configs/ and experiments/ are a checkout's files; installed, they would take generic top-level names."""
     found = PROJECT["tool"]["setuptools"]["packages"]["find"]
     assert found["include"] == ["fxformer", "fxformer.*"]
+
+
+def test_docs_install_lists_every_console_command():
+    listed = set(re.findall(r"^\| `(fxformer-[a-z-]+)` \|", (REPO / "docs" / "install.md").read_text(), re.M))
+    assert listed == SCRIPTS.keys()
