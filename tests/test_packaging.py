@@ -87,8 +87,14 @@ def test_the_dependencies_are_the_requirements_and_the_test_tools_an_extra():
     required = requirement_lines((REPO / "requirements.txt").read_text())
     declared = PROJECT["project"]["dependencies"]
     extra = PROJECT["project"]["optional-dependencies"]["test"]
-    assert sorted(declared) == sorted(r for r in required if name_of(r) not in TEST_ONLY)
-    assert sorted(extra) == sorted(r for r in required if name_of(r) in TEST_ONLY)
+    for wanted, have, where in (
+        ([r for r in required if name_of(r) not in TEST_ONLY], declared, "[project] dependencies"),
+        ([r for r in required if name_of(r) in TEST_ONLY], extra, "[project.optional-dependencies] test"),
+    ):
+        missing, extra_lines = sorted(set(wanted) - set(have)), sorted(set(have) - set(wanted))
+        assert not missing and not extra_lines, (
+            f"pyproject.toml's {where} differ from requirements.txt: add {missing}, remove {extra_lines}"
+        )
 
 
 def test_the_distribution_holds_the_fxformer_package_alone():
