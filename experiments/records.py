@@ -7,7 +7,8 @@ The file is gzip'd JSON lines (written with no timestamp: the same records, the 
 header line, then one line per replicate:
 
     {"format": 1, "sweep": "table3", "profile": "mini", "root": "runs/table3-mini", "extra": [],
-     "collected": "2026-11-24 18:13", "origin": "run directories"}
+     "collected": "2026-11-24 18:13", "origin": "run directories",
+     "data": {"source": "...", "sha256": {"train.en.gz": "..."}}, "environment": {"jax": "0.8.1", ...}}
     {"row": "B1", "seed": 1, "name": "B1.s1", "state": "finished", "step": 1000,
      "config": {... W/config.json ...}, "commit": "7d07d062c5ed", "run_info": {"num_params": ..., "devices": 1},
      "evals": {"validation": {... W/eval/validation-1000.json ...}, "test": {...}},
@@ -21,9 +22,12 @@ each seed's final figures, no curves, and the header says so.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import platform
 import re
 import time
+from importlib import metadata
 
 from experiments import rowstate
 from fxformer import paths
@@ -32,6 +36,7 @@ from fxformer.errors import UserError
 FORMAT = 1
 NAME = "records.jsonl.gz"
 CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu")
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "sentencepiece", "sacrebleu")  # jaxlib: XLA
 FROM_RESULTS = (
     "re-collected from results.json, which holds each seed's final figures only: no learning curves and no raw "
     "records (a re-run of the sweep, or its records.jsonl.gz, has them)"
@@ -57,7 +62,11 @@ def from_root(ctx, runs) -> dict:
         "origin": "run directories",
     }
     header["rows"] = [run.name for run in runs]  # the table's rows (the baseline's records may be extra)
+    base = next((run for run in ctx.sweep.runs if run.name == ctx.sweep.baseline), None)
+    header["data"] = data_files(ctx.sweep.data_source, base.resolved(ctx.extra) if base else {})
+    header["environment"] = environment()
     reps = [replicate(ctx, rep) for run in ctx.sweep.runs if run.name in names for rep in ctx.replicates(run)]
+    header["environment"]["platforms"] = sorted({p for rep in reps if (p := rep["run_info"].get("platform"))})
     return {"header": header, "replicates": reps}
 
 
@@ -76,10 +85,32 @@ def replicate(ctx, rep) -> dict:
         "step": row.step,
         "config": row.config,
         "commit": row.status.get("commit", ""),
-        "run_info": {key: info[key] for key in ("num_params", "devices") if key in info},
+        "run_info": {key: info[key] for key in ("num_params", "devices", "platform", "versions") if key in info},
         "evals": evals,
         "curve": curve(workdir),
     }
+
+
+def data_files(source: str, config: dict) -> dict:
+    """Where the data come from (the sweep's `data_source`) and the SHA-256 of each data file the
+    baseline's config names that exists here (`data.*_file`), by file name."""
+    digests = {}
+    for key, value in sorted((config.get("data") or {}).items()):
+        if key.endswith("_file") and value and (path := paths.as_path(value)).exists():
+            digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"source": source, "sha256": digests}
+
+
+def environment() -> dict:
+    """The versions of the packages that computed the runs, as installed where the records are
+    collected (each run's own, where it recorded them, are in its run_info), and the platform."""
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    for package in PACKAGES:
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def curve(workdir: paths.Workdir) -> list[dict]:

@@ -31,7 +31,7 @@ import dataclasses
 import io
 import json
 
-from experiments import records
+from experiments import analysis, records
 from experiments.cells import columns, fmt
 from experiments.context import Context
 from experiments.footer import footer
@@ -100,6 +100,11 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
         "rows": [dataclasses.asdict(rec) for rec in recs],
     }
     written = ["table.md", "table.csv", "results.json"]
+    if ctx.sweep.plan and any(r.row != ctx.sweep.baseline for r in recs):  # the plan's verdicts beside the table
+        text, data = analysis.document(ctx.sweep, doc)
+        paths.write_atomic(directory / "analysis.md", text)
+        paths.write_atomic(directory / "analysis.json", json.dumps(data, indent=2) + "\n")
+        written += ["analysis.md", "analysis.json"]
     paths.write_atomic(directory / "table.md", table)
     paths.write_atomic(directory / "table.csv", to_csv(ctx.sweep, recs))
     paths.write_atomic(directory / "results.json", json.dumps(document, indent=2) + "\n")

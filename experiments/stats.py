@@ -136,3 +136,192 @@ def at_fraction(curve: dict[int, float], total_steps: int, fraction: float) -> f
     """A curve's value at its last point at or before `fraction` of the training steps."""
     steps = [s for s in curve if s <= fraction * total_steps]
     return curve[max(steps)] if steps else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The analysis plan (experiments/results/table3-regime/PLAN.md): every row against the baseline on
+# the log scale from one model of all rows, two families of tests each corrected by Holm's method,
+# and a verdict from both. statsmodels fits the model and corrects the p-values; scipy gives the
+# t and F distributions; the tests check both against closed forms.
+
+SCREEN_ALPHA = 0.01  # a row whose variance exceeds the pool of the others' at this level is tested alone (Welch)
+MARGINS = (0.02, 0.05, 0.10)  # equivalence margins, as relative changes of the metric (log(1 + m) on the log scale)
+AGREES, DISAGREES, EQUIVALENT, INCONCLUSIVE = "agrees", "disagrees", "equivalent", "inconclusive"
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """A row against the baseline: the difference of their mean log values (row - base), its
+    standard error and degrees of freedom, the row's number of values, and how it was estimated:
+    'pooled' (the model of all rows, one residual variance) or 'welch' (the row's and the base's
+    own variances, Welch-Satterthwaite degrees of freedom). The tests follow from these four."""
+
+    estimate: float
+    se: float
+    df: float
+    n: int
+    method: str = "pooled"
+
+    def p(self) -> float:
+        """Two-sided p of the difference test (H0: no difference)."""
+        from scipy import stats as scipy_stats
+
+        if self.se == 0:
+            return 1.0 if self.estimate == 0 else 0.0
+        return float(2 * scipy_stats.t.sf(abs(self.estimate / self.se), self.df))
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        """The two-sided `level` confidence interval of the difference."""
+        from scipy import stats as scipy_stats
+
+        half = float(scipy_stats.t.ppf(0.5 + level / 2, self.df)) * self.se
+        return self.estimate - half, self.estimate + half
+
+    def p_equivalent(self, margin: float) -> float:
+        """TOST: the larger of the two one-sided p's of H0 'difference <= -margin' and H0 'difference
+        >= +margin' (margin on the log scale); small when the difference lies inside +-margin."""
+        from scipy import stats as scipy_stats
+
+        if self.se == 0:
+            return 0.0 if abs(self.estimate) < margin else 1.0
+        lower = scipy_stats.t.sf((self.estimate + margin) / self.se, self.df)
+        upper = scipy_stats.t.cdf((self.estimate - margin) / self.se, self.df)
+        return float(max(lower, upper))
+
+
+def variance_outliers(groups: dict[str, list[float]], alpha: float = SCREEN_ALPHA) -> set[str]:
+    """The rows whose sample variance is larger than the pooled variance of all the other rows by a
+    one-sided F test at `alpha` (rows of one value cannot be tested and stay in the pool)."""
+    from scipy import stats as scipy_stats
+
+    sums = {row: (len(v) - 1, (len(v) - 1) * statistics.variance(v)) for row, v in groups.items() if len(v) >= 2}
+    out = set()
+    for row, (df, ss) in sums.items():
+        rest_df = sum(d for r, (d, _) in sums.items() if r != row)
+        rest_ss = sum(s for r, (_, s) in sums.items() if r != row)
+        if rest_df and rest_ss > 0 and scipy_stats.f.sf((ss / df) / (rest_ss / rest_df), df, rest_df) < alpha:
+            out.add(row)
+    return out
+
+
+def pooled(groups: dict[str, list[float]], base: str) -> dict[str, Contrast]:
+    """Every row of `groups` ({row: values}) against `base` by ordinary least squares with the row as
+    a fixed effect (an intercept for the base, one indicator per other row; statsmodels): each
+    row's coefficient is its difference from the base, with the residual variance pooled over all
+    rows (degrees of freedom: values - rows)."""
+    import numpy as np
+    import statsmodels.api as sm
+
+    others = [row for row in groups if row != base]
+    y, x = [], []
+    for row in [base, *others]:
+        for value in groups[row]:
+            y.append(value)
+            x.append([1.0] + [1.0 if row == other else 0.0 for other in others])
+    fit = sm.OLS(np.asarray(y), np.asarray(x)).fit()
+    return {
+        row: Contrast(float(fit.params[j + 1]), float(fit.bse[j + 1]), float(fit.df_resid), len(groups[row]))
+        for j, row in enumerate(others)
+    }
+
+
+def welch(row: list[float], base: list[float]) -> Contrast:
+    """`row` against `base` with each one's own variance (scipy's Welch t-test for its degrees of freedom)."""
+    from scipy import stats as scipy_stats
+
+    result = scipy_stats.ttest_ind(row, base, equal_var=False)
+    se = math.sqrt(statistics.variance(row) / len(row) + statistics.variance(base) / len(base))
+    return Contrast(statistics.fmean(row) - statistics.fmean(base), se, float(result.df), len(row), "welch")
+
+
+def contrasts(groups: dict[str, list[float]], base: str, alpha: float = SCREEN_ALPHA) -> dict[str, Contrast]:
+    """The plan's estimates: every row against `base` from the pooled model over the rows that pass
+    the variance screen (`variance_outliers`); a row that fails it is tested alone with Welch's
+    test, and every row is if the base fails it. A row needs 2 values for Welch, the base 2 for any."""
+    groups = {row: list(v) for row, v in groups.items() if v}
+    if len(groups.get(base, ())) < 2:
+        return {}
+    outliers = variance_outliers(groups, alpha)
+    alone = set(groups) - {base} if base in outliers else outliers
+    out = {row: welch(groups[row], groups[base]) for row in alone if len(groups[row]) >= 2}
+    pool = {row: v for row, v in groups.items() if row not in alone}
+    if len(pool) > 1 and sum(len(v) for v in pool.values()) > len(pool):
+        out.update(pooled(pool, base))
+    return {row: out[row] for row in groups if row in out}
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values over one family (statsmodels' multipletests); NaN counts as 1."""
+    if not pvalues:
+        return {}
+    from statsmodels.stats.multitest import multipletests
+
+    rows = list(pvalues)
+    clean = [1.0 if math.isnan(pvalues[row]) else pvalues[row] for row in rows]
+    return dict(zip(rows, (float(p) for p in multipletests(clean, method="holm")[1])))
+
+
+def plan_verdict(difference: int, equivalent: bool, reference: int) -> str:
+    """The plan's verdict for a row. `difference`: the sign of a difference significant after Holm's
+    correction, 0 if not; `equivalent`: the TOST family's verdict after Holm's; `reference`: the
+    reference's direction, 0 for its tie.
+    - The reference shows a direction: agrees / disagrees by the sign of a significant difference
+      (significant and inside the margin too: the sign decides, the table marks it small); else
+      equivalent (ours inside the margin where the reference moved); else inconclusive.
+    - The reference ties: agrees where ours is equivalent (significant or not: a difference smaller
+      than the margin); disagrees where ours is significant and not equivalent; else inconclusive."""
+    if reference:
+        if difference:
+            return AGREES if difference == reference else DISAGREES
+        return EQUIVALENT if equivalent else INCONCLUSIVE
+    if equivalent:
+        return AGREES
+    return DISAGREES if difference else INCONCLUSIVE
+
+
+def interaction(first: Contrast, second: Contrast) -> Contrast:
+    """How a row's difference from the baseline changes from one table to another (second - first),
+    two independent estimates: the SEs add in quadrature, Welch-Satterthwaite degrees of freedom."""
+    a, b = first.se**2, second.se**2
+    df = (a + b) ** 2 / (a**2 / first.df + b**2 / second.df) if a + b else first.df + second.df
+    return Contrast(second.estimate - first.estimate, math.sqrt(a + b), df, min(first.n, second.n), "interaction")
+
+
+def power_difference(effect: float, se: float, df: float, alpha: float) -> float:
+    """The power of the two-sided difference test at level `alpha` against a true difference
+    `effect` (log scale), for a contrast of standard error `se` (noncentral t, scipy)."""
+    from scipy import stats as scipy_stats
+
+    critical, shift = scipy_stats.t.ppf(1 - alpha / 2, df), effect / se
+    return float(scipy_stats.nct.sf(critical, df, shift) + scipy_stats.nct.cdf(-critical, df, shift))
+
+
+def power_equivalence(margin: float, se: float, df: float, alpha: float) -> float:
+    """The power of TOST at level `alpha` (margin on the log scale) when the true difference is 0:
+    P(|estimate| + t(1 - alpha, df) * se < margin) with the SE taken as known, 2 T(margin / se -
+    t) - 1, 0 where negative (an approximation: it ignores the spread of the estimated SE)."""
+    from scipy import stats as scipy_stats
+
+    z = margin / se - scipy_stats.t.ppf(1 - alpha, df)
+    return max(0.0, float(2 * scipy_stats.t.cdf(z, df) - 1))
+
+
+def contrast_se(sd: float, n_row: int, n_base: int) -> float:
+    """The standard error of a row-minus-base difference of means with a common sd."""
+    return sd * math.sqrt(1 / n_row + 1 / n_base)
+
+
+def base_seeds(n_row: int, rows: int) -> int:
+    """Dunnett's allocation: the baseline, compared with every one of `rows` rows, gets about
+    sqrt(rows) times a row's seeds."""
+    return math.ceil(n_row * math.sqrt(rows))
+
+
+def choose_margin(sd: float, n_row: int, n_base: int, df: float, rows: int, power: float = 0.8) -> float | None:
+    """The plan's margin rule: the smallest of MARGINS at which TOST has `power` for a row with no
+    true difference, at Holm's strictest level (ALPHA / rows); None if none has."""
+    se = contrast_se(sd, n_row, n_base)
+    for m in MARGINS:
+        if power_equivalence(math.log1p(m), se, df, ALPHA / rows) >= power:
+            return m
+    return None

@@ -1,0 +1,256 @@
+"""The analysis plan's statistics (experiments.stats: the pooled model, Welch for a row that fails
+the variance screen, Holm's two families, TOST, the verdicts, interactions and power) against
+closed forms written here with numpy alone (Student's t by integrating its density), and against
+scipy where it has the same test. Hand-made numbers: a balanced design whose rows are chosen to
+land in each verdict, one of them significant at 0.05 before Holm's correction and not after."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import flax
+import jax
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from experiments import __main__ as experiments_main
+from experiments import analysis, records, stats
+from experiments import sweep as sweep_module
+
+# ---------------------------------------------------------------------------------------------
+# closed forms
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function: 1/2 + the integral of its density from 0 to t (Simpson)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    x = np.linspace(0.0, abs(t), 20_001)
+    f = c * (1 + x * x / df) ** (-(df + 1) / 2)
+    h = x[1] - x[0]
+    integral = h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return 0.5 + math.copysign(integral, t)
+
+
+def t_quantile(q: float, df: float) -> float:
+    low, high = -50.0, 50.0
+    for _ in range(80):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, df) < q else (low, mid)
+    return (low + high) / 2
+
+
+def holm_closed_form(p: list[float]) -> list[float]:
+    """Holm: sort ascending, multiply the i-th smallest (from 0) by m - i, running maximum, cap at 1."""
+    order = np.argsort(p)
+    m, out, running = len(p), [0.0] * len(p), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
+
+
+# Log values of a balanced design: four rows beside the base, 4 seeds each, the same spread in every
+# row (deviations -3, -1, +1, +3 times 0.0023: sd 0.00594, SE of a difference 0.0042), so the pooled
+# residual has 5 x 3 = 15 df; 'flip' (2.2 SE) and 'unsure' (2.65 SE) sit where Holm's two families
+# part them: both differences vanish under the correction, only 'flip' is inside the 2% margin.
+DEVIATIONS = np.array([-3.0, -1.0, 1.0, 3.0]) * 0.0023
+MEANS = {"base": 3.0, "large": 3.10, "flip": 3.00924, "same": 3.002, "unsure": 3.01113}
+GROUPS = {row: list(mean + DEVIATIONS) for row, mean in MEANS.items()}
+MARGIN = math.log1p(0.02)  # a 2% margin: 0.0198 on the log scale
+
+
+def closed_form(groups: dict, base: str = "base") -> dict:
+    """The pooled model of a balanced design by hand: differences of means, SE sqrt(s_p^2 * 2 / n), df N - k."""
+    n, k = len(groups[base]), len(groups)
+    residual = sum(((np.array(v) - np.mean(v)) ** 2).sum() for v in groups.values())
+    df = k * (n - 1)
+    se = math.sqrt(residual / df * 2 / n)
+    out = {}
+    for row, values in groups.items():
+        if row == base:
+            continue
+        d = float(np.mean(values) - np.mean(groups[base]))
+        p = 2 * (1 - t_cdf(abs(d / se), df))
+        p_tost = max(1 - t_cdf((d + MARGIN) / se, df), t_cdf((d - MARGIN) / se, df))
+        half = t_quantile(0.975, df) * se
+        out[row] = {"d": d, "se": se, "df": df, "p": p, "p_tost": p_tost, "ci": (d - half, d + half)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the pooled model, the families, the verdicts
+
+
+def test_the_pooled_model_equals_the_closed_form_of_a_balanced_design():
+    ours, hand = stats.contrasts(GROUPS, "base"), closed_form(GROUPS)
+    assert list(ours) == ["large", "flip", "same", "unsure"]
+    for row, c in ours.items():
+        assert c.method == "pooled" and c.n == 4 and c.df == hand[row]["df"] == 15
+        assert c.estimate == pytest.approx(hand[row]["d"], abs=1e-12)
+        assert c.se == pytest.approx(hand[row]["se"], rel=1e-9)
+        assert c.p() == pytest.approx(hand[row]["p"], rel=1e-6, abs=1e-12)
+        assert c.p_equivalent(MARGIN) == pytest.approx(hand[row]["p_tost"], rel=1e-6, abs=1e-12)
+        assert c.interval() == pytest.approx(hand[row]["ci"], rel=1e-6)
+
+
+def test_holm_equals_the_step_down_closed_form_and_the_verdicts_cover_every_case():
+    ours, hand = stats.contrasts(GROUPS, "base"), closed_form(GROUPS)
+    rows = list(hand)
+    raw = {row: ours[row].p() for row in rows}
+    tost = {row: ours[row].p_equivalent(MARGIN) for row in rows}
+    assert list(stats.holm(raw).values()) == pytest.approx(holm_closed_form([hand[r]["p"] for r in rows]), rel=1e-6)
+    assert list(stats.holm(tost).values()) == pytest.approx(
+        holm_closed_form([hand[r]["p_tost"] for r in rows]), rel=1e-6, abs=1e-12
+    )
+    adjusted, adjusted_tost = stats.holm(raw), stats.holm(tost)
+    # 'flip' is a difference at 0.05 before the correction, not after it
+    assert raw["flip"] < 0.05 < adjusted["flip"]
+    verdicts = {}
+    for row in rows:
+        sign = (1 if ours[row].estimate > 0 else -1) if adjusted[row] < stats.ALPHA else 0
+        verdicts[row] = stats.plan_verdict(sign, adjusted_tost[row] < stats.ALPHA, reference=+1)
+    assert verdicts == {"large": "agrees", "flip": "equivalent", "same": "equivalent", "unsure": "inconclusive"}
+    # the same rows where the reference falls, and where it ties
+    assert stats.plan_verdict(+1, False, -1) == "disagrees"
+    assert stats.plan_verdict(0, True, 0) == "agrees"
+    assert stats.plan_verdict(+1, True, 0) == "agrees"  # significant but inside the margin: the tie holds
+    assert stats.plan_verdict(+1, False, 0) == "disagrees"
+    assert stats.plan_verdict(0, False, 0) == "inconclusive"
+
+
+def test_two_groups_pooled_equal_scipys_student_t_test():
+    base, row = [2.0, 2.1, 1.95, 2.05], [2.3, 2.2, 2.35]
+    c = stats.contrasts({"base": base, "row": row}, "base")["row"]
+    ref = scipy_stats.ttest_ind(row, base, equal_var=True)
+    assert c.df == 5 and c.p() == pytest.approx(ref.pvalue, rel=1e-9)
+    assert c.interval() == pytest.approx(tuple(ref.confidence_interval(0.95)), rel=1e-9)
+
+
+def test_a_row_with_outlying_variance_is_tested_alone_with_welch():
+    groups = {**GROUPS, "wild": [3.0, 3.3, 2.8, 3.5]}
+    assert stats.variance_outliers(groups) == {"wild"}
+    ours = stats.contrasts(groups, "base")
+    assert ours["wild"].method == "welch" and ours["large"].method == "pooled"
+    assert ours["large"].df == 15  # the pool is the other rows' alone
+    row, base = np.array(groups["wild"]), np.array(groups["base"])
+    a, b = row.var(ddof=1) / 4, base.var(ddof=1) / 4
+    df = (a + b) ** 2 / (a * a / 3 + b * b / 3)  # Welch-Satterthwaite
+    assert ours["wild"].se == pytest.approx(math.sqrt(a + b)) and ours["wild"].df == pytest.approx(df)
+    assert ours["wild"].p() == pytest.approx(2 * (1 - t_cdf(abs(row.mean() - base.mean()) / math.sqrt(a + b), df)))
+    assert ours["wild"].p() == pytest.approx(scipy_stats.ttest_ind(row, base, equal_var=False).pvalue, rel=1e-9)
+    # the base failing the screen sends every row to Welch
+    everyone = stats.contrasts({**GROUPS, "base": [3.0, 3.3, 2.8, 3.5]}, "base")
+    assert {c.method for c in everyone.values()} == {"welch"}
+
+
+def test_the_interaction_of_two_tables_adds_variances_with_welch_satterthwaite_df():
+    first, second = stats.Contrast(0.05, 0.01, 34, 3), stats.Contrast(-0.02, 0.02, 20, 3)
+    both = stats.interaction(first, second)
+    assert both.estimate == pytest.approx(-0.07) and both.se == pytest.approx(math.sqrt(0.0005))
+    assert both.df == pytest.approx(0.0005**2 / (1e-8 / 34 + 1.6e-7 / 20))
+    low, high = both.interval()
+    assert high - low == pytest.approx(2 * t_quantile(0.975, both.df) * both.se, rel=1e-6)
+
+
+def test_power_is_alpha_with_no_effect_and_matches_a_simulation_of_tost():
+    assert stats.power_difference(0.0, 0.01, 30, 0.05) == pytest.approx(0.05)
+    assert stats.power_difference(0.05, 0.01, 30, 0.05) > 0.99
+    rng = np.random.default_rng(0)
+    se, margin, alpha = 0.01, math.log1p(0.05), 0.05 / 8
+    estimates = rng.normal(0.0, se, 400_000)
+    z = scipy_stats.norm.ppf(1 - alpha)
+    simulated = np.mean((estimates - z * se > -margin) & (estimates + z * se < margin))
+    assert stats.power_equivalence(margin, se, 1e7, alpha) == pytest.approx(simulated, abs=0.003)
+
+
+def test_seeds_and_the_margin_rule():
+    assert stats.base_seeds(3, 8) == 9 and stats.base_seeds(3, 19) == 14 and stats.base_seeds(3, 1) == 3
+    # at sd 0.0133 (log dev PPL) with 3 seeds a row and 9 of base over 8 rows: 2% is out of reach, 5% is not
+    assert stats.choose_margin(0.0133, 3, 9, 40, 8) == 0.05
+    assert stats.choose_margin(0.002, 3, 9, 40, 8) == 0.02
+    assert stats.choose_margin(0.2, 3, 9, 40, 8) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan applied to records (experiments.analysis)
+
+RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
+ANALYSED = sorted(p.parent for p in RESULTS.glob("**/analysis.md"))
+
+
+def fake_records(groups: dict, paper: dict) -> tuple:
+    """A sweep of `groups`' rows ({row: log values}) and its records: each value a seed's final dev
+    PPL (exp of it) and the same value on its dev curve at step 100."""
+    description = {
+        "runs": {row: f"configs/table3.py:{row},smoke" for row in groups},
+        "baseline": "base",
+        "reference": {row: {"ppl": p} for row, p in paper.items()},
+        "plan": {"readout": "final", "margin": 0.02, "readouts": ["step:100"]},
+        "claims": [{"claim": "A1 is worse", "rows": {"A1": 1}}, {"claim": "E ties", "rows": {"E": 0}}],
+    }
+    reps = []
+    for row, values in groups.items():
+        for k, v in enumerate(values):
+            evals, curve = {"validation": {"ppl": math.exp(v)}}, [{"step": 100, "dev_ppl": math.exp(v)}]
+            reps.append({"row": row, "seed": k, "evals": evals, "curve": curve})
+    doc = {"header": {"rows": list(groups), "profile": "smoke"}, "replicates": reps}
+    return sweep_module.from_dict("table3", "smoke", description), doc
+
+
+def test_the_analysis_of_records_is_the_closed_form_with_the_papers_directions_and_claims():
+    names = dict(zip(["base", "A1", "A2", "B1", "E"], GROUPS))  # the hand-made rows under Table 3 names
+    groups = {new: GROUPS[old] for new, old in names.items()}
+    paper = {"base": 4.92, "A1": 5.29, "A2": 4.60, "B1": 5.16, "E": 4.92}  # A2 made better, to disagree with
+    sweep, doc = fake_records(groups, paper)
+    doc["replicates"].append({"row": "E", "seed": 9, "evals": {"validation": {"ppl": float("nan")}}, "curve": []})
+    judged = {j.row: j for j in analysis.judge(sweep, doc, analysis.Plan.of(sweep))}
+    hand = closed_form({row: groups[row] for row in groups})
+    for row in ["A1", "A2", "B1", "E"]:
+        assert judged[row].estimate == pytest.approx(hand[row]["d"], abs=1e-9)
+        assert judged[row].p == pytest.approx(hand[row]["p"], rel=1e-6, abs=1e-12)
+    assert judged["E"].n == 4 and judged["E"].diverged == 1  # the NaN left out, and named
+    assert judged["base"].paper is None and judged["E"].paper_sign == 0 and judged["A2"].paper_sign == -1
+    # large -> A1 agrees (worse, as the paper); flip -> A2 equivalent (inside 2% where the paper moved);
+    # same -> B1 equivalent; unsure -> E inconclusive (neither test holds where the paper ties)
+    verdicts = {row: j.verdict for row, j in judged.items()}
+    assert verdicts == {"base": "", "A1": "agrees", "A2": "equivalent", "B1": "equivalent", "E": "inconclusive"}
+    found = analysis.claims(sweep, list(judged.values()), analysis.Plan.of(sweep))
+    assert [c["verdicts"] for c in found] == [{"A1": "agrees"}, {"E": "inconclusive"}]
+    # the readout at a step reads the dev curves: the same values there, the same estimates
+    at_step = analysis.judge(sweep, doc, dataclasses.replace(analysis.Plan.of(sweep), readout="step:100"))
+    assert [j.estimate for j in at_step] == [j.estimate for j in judged.values()]
+
+
+def test_the_interaction_of_two_analyses_is_the_difference_of_their_estimates():
+    sweep, doc = fake_records({"base": GROUPS["base"], "A1": GROUPS["large"]}, {})
+    _, other = fake_records({"base": GROUPS["base"], "A1": GROUPS["flip"]}, {})
+    plan = analysis.Plan.of(sweep)
+    first, second = analysis.judge(sweep, doc, plan), analysis.judge(sweep, other, plan)
+    both = analysis.interactions(first, second)["A1"]
+    assert both.estimate == pytest.approx(MEANS["flip"] - MEANS["large"])
+    assert both.se == pytest.approx(math.sqrt(first[1].se ** 2 + second[1].se ** 2))
+
+
+@pytest.mark.parametrize("folder", ANALYSED, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_every_committed_analysis_is_what_its_records_give(folder, tmp_path):
+    assert (
+        experiments_main.main(
+            ["collect", "table3", f"--from_records={folder / 'records.jsonl.gz'}", f"--out={tmp_path}"]
+        )
+        == 0
+    )
+    for name in ("analysis.md", "analysis.json"):
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), f"{folder / name}: collect it again"
+
+
+def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
+    (tmp_path / "train.en").write_bytes(b"abc")
+    found = records.data_files("a repository", {"data": {"source_file": str(tmp_path / "train.en"), "target_file": ""}})
+    # SHA-256 of "abc" (FIPS 180-2, appendix B.1)
+    assert found == {
+        "source": "a repository",
+        "sha256": {"train.en": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+    }
+    env = records.environment()
+    assert env["jax"] == jax.__version__ and env["flax"] == flax.__version__ and env["numpy"] == np.__version__
