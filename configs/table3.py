@@ -16,6 +16,11 @@ Profiles:
          sqrt(40 / 4000) so that every row peaks at the paper's rate for its width; 3,000
          training pairs seen about 25 times (big 75), in batches of 1,024 tokens. Chosen on pilot
          runs of base, D1 and C1 (README, "The mini Table 3"), then frozen.
+  multi30k-full:<folder>  the paper's regime and protocol on real text: the multi30k profile's rows
+         and data on all 29,000 pairs (0.69 non-embedding parameters per training target token,
+         the paper's about 0.35), every row trained for the same 5,300 steps (about 20 passes;
+         big 15,900) at the paper's peak learning rate for its width, no early stopping, dev
+         PPL every 250 steps (experiments/results/table3-regime/PLAN.md).
   multi30k:<folder>  real text (the Multi30k files under <folder>, as configs/multi30k.py
          takes them): the paper's base shape scaled as in mini (widths x 1/8, layers x 1/2,
          heads kept, the paper's dropout) with the Multi30k recipe's data, trained on its first
@@ -148,6 +153,16 @@ MULTI30K_BASE = {
     "early_stopping_patience": 3,  # the plateau: no dev perplexity 1% better than the last improvement
     "early_stopping_min_delta": 0.01,  # in 3 evaluations (pilot 4; any better value restarted the count)
 }
+MULTI30K_FULL_BASE = {  # the paper's regime and protocol (experiments/results/table3-regime/PLAN.md)
+    **MULTI30K_BASE,
+    "data.train_pairs": 0,  # all 29,000 pairs: about twice the paper's parameters per training target token
+    "early_stopping_patience": 0,  # the paper's protocol: every row trained for the same budget
+    "early_stopping_min_delta": 0.0,
+    "checkpoint_every_steps": 250,
+    "eval_every_steps": 250,  # the dev curve, from which any readout step can be computed
+}
+FULL_STEPS = 5300  # about 20 passes over the training target tokens at 2,048 tokens a batch (PLAN.md)
+FULL_PEAK = 1.0  # every row peaks at the paper's rate for its width (PLAN.md: not piloted)
 PAPER_WARMUP = 4000  # configs/base.py's warmup_steps: the peak of the paper's schedule is at this step
 
 
@@ -169,6 +184,13 @@ PROFILES = {
     "multi30k": Profile(  # twice the paper's peak rate for each row's width (pilot 3)
         MULTI30K_BASE, {"width": 1 / 8, "layers": 1 / 2, "steps": 3000 / 100_000}, True, multi30k.set_files, 2.0
     ),
+    "multi30k-full": Profile(
+        MULTI30K_FULL_BASE,
+        {"width": 1 / 8, "layers": 1 / 2, "steps": FULL_STEPS / 100_000},
+        True,
+        multi30k.set_files,
+        FULL_PEAK,
+    ),  # fmt: skip
     "smoke": Profile(SMOKE_BASE, {"width": 1 / 16, "layers": 1 / 6, "steps": 8 / 100_000}),
 }
 SCALED = {
@@ -269,15 +291,21 @@ CLAIMS = (
     {"claim": "learned positional embeddings: nearly identical results", "source": "6.2, E", "rows": {"E": 0}},
 )
 
+# Seeds per row: the mini and 6,000-pair tables 5 of base, 3 a row; the full table Dunnett's
+# allocation for its 8 rows on the CPU, ceil(3 sqrt 8) = 9 of base (PLAN.md)
+REPLICATES = {"mini": {"base": 5, "*": 3}, "multi30k": {"base": 5, "*": 3}, "multi30k-full": {"base": 9, "*": 3}}
+
 # The analysis plan's settings per profile (experiments/analysis.py; experiments/results/table3-regime/PLAN.md)
 PLANS = {
     "mini": {"readout": "final"},
     "multi30k": {"readout": "final", "readouts": ["step:700"]},  # every run reached step 700
+    "multi30k-full": {"readout": "final", "margin": 0.05},  # the margin: frozen after the noise pilot (PLAN.md)
 }
 DATA_SOURCES = {
     "mini": "the embedded corpus (fxformer/data), generated from its seed",
     "multi30k": "https://github.com/multi30k/dataset, data/task1/raw, commit a3d2e0d26b56f3846f66a952536ffed4e401d05a",
 }
+DATA_SOURCES["multi30k-full"] = DATA_SOURCES["multi30k"]
 
 
 def sweep(profile: str = "paper") -> dict:
@@ -293,7 +321,7 @@ def sweep(profile: str = "paper") -> dict:
             for row, (ppl, bleu, params) in PAPER.items()
         },
         # Seeds per row: the mini profile's table counts a direction only beyond its noise
-        "replicates": {"base": 5, "*": 3} if name in ("mini", "multi30k") else 1,
+        "replicates": REPLICATES.get(name, 1),
         # The paper's own run-to-run noise, for its ties (one run per row, no spread published)
         "noise": {"ppl": {"log_sd": 0.003}, "bleu": {"sd": 0.2}},
         "noise_source": NOISE_SOURCE,

@@ -254,3 +254,26 @@ def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
     }
     env = records.environment()
     assert env["jax"] == jax.__version__ and env["flax"] == flax.__version__ and env["numpy"] == np.__version__
+
+
+def test_the_full_profile_trains_every_row_for_one_budget_at_the_papers_rate_for_its_width(tmp_path):
+    """The regime table's protocol (PLAN.md): the same steps and tokens per batch for every row (big
+    three times the steps), no early stopping, the dev curve every 250 steps, all training pairs,
+    and each row's peak learning rate d_model^-0.5 x warmup^-0.5 x scale equal to the paper's
+    for its width (d_model^-0.5 x 4000^-0.5)."""
+    raw = tmp_path / "task1" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train.en.gz").write_bytes(b"")
+    rows = sweep_module.load("table3", f"multi30k-full:{tmp_path}")
+    base_steps = None
+    for run in rows.runs:
+        config = run.resolved()
+        steps = config["num_train_steps"]
+        base_steps = base_steps or steps
+        assert steps == (3 * base_steps if run.name == "big" else base_steps) == (15_900 if run.name == "big" else 5300)
+        assert config["data"]["tokens_per_batch"] == 2048 and config["data"]["train_pairs"] == 0
+        assert config["early_stopping_patience"] == 0 and config["eval_every_steps"] == 250
+        d_model, warmup = config["model"]["d_model"], config["warmup_steps"]
+        peak = d_model**-0.5 * warmup**-0.5 * config["learning_rate_scale"]
+        assert peak == pytest.approx(d_model**-0.5 * 4000**-0.5), run.name
+    assert rows.replicates_of("base") == stats.base_seeds(3, 8) == 9 and rows.replicates_of("C5") == 3
