@@ -5,6 +5,7 @@ scipy where it has the same test. Hand-made numbers: a balanced design whose row
 land in each verdict, one of them significant at 0.05 before Holm's correction and not after."""
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from experiments import __main__ as experiments_main
-from experiments import analysis, records, stats
+from experiments import analysis, records, regime, stats
 from experiments import sweep as sweep_module
 
 # ---------------------------------------------------------------------------------------------
@@ -277,3 +278,16 @@ def test_the_full_profile_trains_every_row_for_one_budget_at_the_papers_rate_for
         peak = d_model**-0.5 * warmup**-0.5 * config["learning_rate_scale"]
         assert peak == pytest.approx(d_model**-0.5 * 4000**-0.5), run.name
     assert rows.replicates_of("base") == stats.base_seeds(3, 8) == 9 and rows.replicates_of("C5") == 3
+
+
+def test_two_tables_side_by_side_give_each_rows_interaction_from_their_analyses(tmp_path, capsys):
+    first, second = RESULTS / "table3-mini" / "records.jsonl.gz", RESULTS / "table3-multi30k" / "records.jsonl.gz"
+    assert regime.main([str(first), str(second), f"--out={tmp_path}"]) == 0
+    found = json.loads((tmp_path / "regime.json").read_text())
+    a, b = (json.loads((p.parent / "analysis.json").read_text())["rows"] for p in (first, second))
+    a, b = {r["row"]: r for r in a}, {r["row"]: r for r in b}
+    for row, r in found["rows"].items():
+        if r["interaction"]:
+            assert r["interaction"]["estimate"] == pytest.approx(b[row]["estimate"] - a[row]["estimate"])
+            assert r["interaction"]["se"] == pytest.approx(math.hypot(a[row]["se"], b[row]["se"]))
+    assert "A4" in found["moved"] and "interaction [95% CI]" in (tmp_path / "regime.md").read_text()
