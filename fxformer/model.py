@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -23,6 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fxformer.config import attention_impl, head_widths
+from fxformer.errors import UserError
+from fxformer.kernels import dropout as byte_dropout
+from fxformer.kernels import segments
+from fxformer.kernels.attention import segment_attention
+from fxformer.kernels.norm import ResidualLayerNorm
 from fxformer.tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -56,6 +62,14 @@ class TransformerConfig:
     # dense segment mask, added to the logits, only for packed rows; key lengths for padded rows'
     # other attention). Decoding keeps "xla". from_config resolves "auto" (fxformer.config.attention_impl).
     attention_impl: str = "xla"
+    # How training's attention learns the packing (decoding keeps the reference): "mask", the
+    # dense segment mask (a [b, h, q, k] bias to cuDNN); "cudnn_offsets", cuDNN told each
+    # segment's offset and length (`fxformer.kernels.segments`; attention_impl "cudnn"); "pallas",
+    # `fxformer.kernels.attention`, which visits only the tiles a segment can see (any backend).
+    segment_attention: str = "mask"
+    dropout_bits: int = 32  # 8: dropout masks from bytes, four per random 32-bit word (`fxformer.kernels.dropout`)
+    residual_norm: str = "flax"  # "fused": post-norm's LayerNorm(x + Dropout(y)), `kernels.norm`
+    loss_impl: str = "reductions"  # "one_pass": the loss's sums from one pass over the logits (`fxformer.optim`)
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
@@ -66,6 +80,8 @@ class TransformerConfig:
         assert all(0 <= rate < 1 for rate in rates), f"rates must be in [0, 1): {self}"
         assert self.positional in ("sinusoidal", "learned") and self.norm in ("post", "pre"), self
         assert self.attention_impl in ("xla", "cudnn"), self
+        problem = option_problem(self)
+        assert problem is None, problem
 
     @classmethod
     def from_config(cls, model_config, vocab_size: int) -> TransformerConfig:
@@ -76,7 +92,36 @@ class TransformerConfig:
         kwargs["d_k"], kwargs["d_v"] = head_widths(model_config)
         kwargs["dtype"] = jnp.dtype(model_config.dtype)
         kwargs["attention_impl"] = attention_impl(model_config, jax.default_backend())
+        problem = option_problem(SimpleNamespace(**kwargs))
+        if problem:
+            raise UserError(problem + ".")
         return cls(vocab_size=vocab_size, **kwargs)
+
+
+SEGMENT_ATTENTION = ("mask", "cudnn_offsets", "pallas")
+RESIDUAL_NORMS = ("flax", "fused")
+LOSS_IMPLS = ("reductions", "one_pass")
+
+
+def option_problem(c) -> str | None:
+    """What is wrong with the kernel options of a model's config (`TransformerConfig`'s fields
+    segment_attention, dropout_bits, residual_norm, loss_impl), in one sentence, or None."""
+    if c.segment_attention not in SEGMENT_ATTENTION:
+        return f"model.segment_attention must be one of {', '.join(SEGMENT_ATTENTION)}, not {c.segment_attention!r}"
+    if c.segment_attention == "cudnn_offsets" and c.attention_impl != "cudnn":
+        return "model.segment_attention=cudnn_offsets needs model.attention_impl=cudnn (it is cuDNN's packed layout)"
+    if c.segment_attention != "mask" and c.attention_dropout_rate > 0:
+        return (
+            f"model.segment_attention={c.segment_attention} computes no attention weights to drop: "
+            "it needs model.attention_dropout_rate=0"
+        )
+    if c.dropout_bits not in (8, 32):
+        return f"model.dropout_bits must be 8 or 32, not {c.dropout_bits!r}"
+    if c.residual_norm not in RESIDUAL_NORMS:
+        return f"model.residual_norm must be one of {', '.join(RESIDUAL_NORMS)}, not {c.residual_norm!r}"
+    if c.loss_impl not in LOSS_IMPLS:
+        return f"model.loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {c.loss_impl!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,28 +299,45 @@ def fused_mask_arguments(mask: AttentionMask, num_heads: int) -> dict[str, Any]:
     return {"key_value_seq_lengths": lengths}
 
 
-def fused_attention(query: Array, key: Array, value: Array, mask: AttentionMask, implementation: str) -> Array:
+def fused_attention(
+    query: Array, key: Array, value: Array, mask: AttentionMask, implementation: str, offsets: bool = False
+) -> Array:
     """The same attention through `jax.nn.dot_product_attention` (layout [b, t, h, d]), told about
     the mask what `fused_mask_arguments` says; `implementation` "cudnn" is the fused GPU kernel,
     "xla" jax's own (what tests run on a CPU). No attention dropout, and no weights to sow.
+
+    `offsets` (model.segment_attention=cudnn_offsets, implementation "cudnn"): packed rows go to
+    cuDNN as segments, offsets and lengths (`fxformer.kernels.segments`), instead of a dense mask;
+    a batch with a row the layout cannot hold (more segments than it has room for) takes the
+    dense mask, chosen on the device (`lax.cond`), so no row is ever given the wrong segments.
 
     Rows of an odd length get one padding position more (a query and a key of segment 0, which
     no real query sees: not its segment, beyond its length, or after it) and lose it again:
     cuDNN's kernel trains only on even lengths (on an H100 with jax 0.11.2 it refused 7 x 7 in
     decoder self-attention, `is_causal` alone; jax 0.10's check names a mask)."""
     q_len, k_len = query.shape[1], key.shape[1]
+    same = mask.q_segments is mask.kv_segments  # self-attention: one segmentation for both sides
     if q_len % 2 or k_len % 2:
 
         def even(x: Array, length: int) -> Array:
             return jnp.pad(x, [(0, 0), (0, length % 2)] + [(0, 0)] * (x.ndim - 2))
 
         query, key, value = even(query, q_len), even(key, k_len), even(value, k_len)
-        mask = dataclasses.replace(
-            mask, q_segments=even(mask.q_segments, q_len), kv_segments=even(mask.kv_segments, k_len)
-        )
-        return fused_attention(query, key, value, mask, implementation)[:, :q_len]
+        kv_segments = even(mask.kv_segments, k_len)
+        q_segments = kv_segments if same else even(mask.q_segments, q_len)
+        mask = dataclasses.replace(mask, q_segments=q_segments, kv_segments=kv_segments)
+        return fused_attention(query, key, value, mask, implementation, offsets)[:, :q_len]
     arguments = fused_mask_arguments(mask, query.shape[2])
-    return jax.nn.dot_product_attention(query, key, value, implementation=implementation, **arguments)
+
+    def with_mask() -> Array:
+        return jax.nn.dot_product_attention(query, key, value, implementation=implementation, **arguments)
+
+    if not (offsets and mask.packed):
+        return with_mask()
+    out, fits = segments.packed_cudnn_attention(
+        query, key, value, mask.q_segments, mask.kv_segments, mask.causal, self_attention=same
+    )
+    return jax.lax.cond(fits, lambda: out, with_mask)
 
 
 def rows_per_example(x: Array, copies: int) -> Array:
@@ -308,8 +370,12 @@ class MultiHeadAttention(nn.Module):
         c = self.config
         b, q_len, _ = inputs_q.shape
         query = self._heads(inputs_q, "query", c.d_k)  # [b, q, h, d_k]
-        if c.attention_impl == "cudnn" and not c.decode:  # decoding attends one query: the reference path
-            heads = fused_attention(query, *self._keys_values(inputs_kv), mask, "cudnn")
+        if c.segment_attention == "pallas" and not c.decode:  # decoding attends one query: the reference path
+            key, value = self._keys_values(inputs_kv)
+            heads = segment_attention(query, key, value, mask.q_segments, mask.kv_segments, mask.causal)
+        elif c.attention_impl == "cudnn" and not c.decode:
+            offsets = c.segment_attention == "cudnn_offsets"
+            heads = fused_attention(query, *self._keys_values(inputs_kv), mask, "cudnn", offsets)
         else:
             heads = self._reference_attention(query, inputs_kv, mask, deterministic)
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
@@ -353,7 +419,7 @@ class MultiHeadAttention(nn.Module):
         """Dropout on the weights [b, h, q, k] after the softmax, which it first sows for
         fxformer.attention_maps when asked (apply(..., mutable=["intermediates"])); otherwise sow does
         nothing, so training and decoding are unchanged."""
-        dropout = nn.Dropout(self.config.attention_dropout_rate)
+        dropout = make_dropout(self.config, self.config.attention_dropout_rate)
 
         def drop(weights: Array) -> Array:
             self.sow("intermediates", "attention_weights", weights)
@@ -413,7 +479,7 @@ class FeedForward(nn.Module):
     def __call__(self, x: Array, deterministic: bool) -> Array:
         c = self.config
         h = nn.relu(nn.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x))
-        h = nn.Dropout(c.relu_dropout_rate)(h, deterministic=deterministic)
+        h = make_dropout(c, c.relu_dropout_rate)(h, deterministic=deterministic)
         return nn.Dense(c.d_model, kernel_init=xavier_uniform, dtype=c.dtype, name="output")(h)
 
 
@@ -422,11 +488,19 @@ def residual(c: TransformerConfig, x: Array, sublayer, name: str, deterministic:
 
     Call it inside a compact method: the LayerNorm it creates belongs to the caller.
     """
+    drop = make_dropout(c, c.dropout_rate)
+    if c.norm == "post" and c.residual_norm == "fused":
+        return ResidualLayerNorm(dtype=c.dtype, name=f"{name}_norm")(x, drop(sublayer(x), deterministic=deterministic))
     norm = nn.LayerNorm(dtype=c.dtype, name=f"{name}_norm")
-    drop = nn.Dropout(c.dropout_rate)
     if c.norm == "pre":
         return x + drop(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+
+def make_dropout(c: TransformerConfig, rate: float) -> nn.Module:
+    """Dropout at `rate`: Flax's (a float32 uniform per element), or with `dropout_bits` 8 from
+    bytes (`fxformer.kernels.dropout`: a quarter of the random numbers)."""
+    return byte_dropout.ByteDropout(rate) if c.dropout_bits == 8 else nn.Dropout(rate)
 
 
 class EncoderLayer(nn.Module):
@@ -475,7 +549,7 @@ class Encoder(nn.Module):
     def __call__(self, inputs: Array, mask: AttentionMask, positions: Array, deterministic: bool) -> Array:
         c = self.config
         x = self.embed(inputs) + PositionalEncoding(c, name="positional")(positions)
-        x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)  # [b, l, d_model]
+        x = make_dropout(c, c.dropout_rate)(x, deterministic=deterministic)  # [b, l, d_model]
         for i in range(c.num_layers):
             x = EncoderLayer(c, name=f"layer_{i}")(x, mask, deterministic)
         if c.norm == "pre":
@@ -509,7 +583,7 @@ class Decoder(nn.Module):
                 positions = jnp.full_like(decoder_inputs, step.value)
                 step.value = step.value + decoder_inputs.shape[1]
         x = self.embed(decoder_inputs) + PositionalEncoding(c, name="positional")(positions)
-        x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
+        x = make_dropout(c, c.dropout_rate)(x, deterministic=deterministic)
         for i in range(c.num_layers):
             x = DecoderLayer(c, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic)
         if c.norm == "pre":

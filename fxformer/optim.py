@@ -143,8 +143,8 @@ def one_pass_cross_entropy_sums(
     logits: Array, targets: Array, weights: Array, label_smoothing: float
 ) -> dict[str, Array]:
     """`cross_entropy_sums` from `logit_reductions`: every sum from one pass over the logits
-    instead of one reduction per quantity. Not yet the default: `experiments/gpu/diag.py
-    one_pass_loss` measures it on a GPU, where the passes over [tokens, vocab] cost time."""
+    instead of one reduction per quantity. Chosen by `model.loss_impl=one_pass`; not yet the
+    default: on a GPU the passes over [tokens, vocab] cost time, and it is to be measured there."""
     with jax.named_scope("cross_entropy"):
         lse, q_sum, target_logit, top = logit_reductions(logits, targets, label_smoothing)
         smoothed, nll, correct = lse - q_sum, lse - target_logit, (target_logit >= top).astype(jnp.float32)
@@ -152,8 +152,18 @@ def one_pass_cross_entropy_sums(
     return dict(zip(SUMS, sums, strict=True))
 
 
+LOSSES = {"reductions": cross_entropy_sums, "one_pass": one_pass_cross_entropy_sums}  # model.loss_impl
+
+
 def chunked_cross_entropy_sums(
-    hidden: Array, embedding: Array, targets: Array, weights: Array, label_smoothing: float, chunk: int, dtype
+    hidden: Array,
+    embedding: Array,
+    targets: Array,
+    weights: Array,
+    label_smoothing: float,
+    chunk: int,
+    dtype,
+    sums_of=cross_entropy_sums,
 ) -> dict[str, Array]:
     """`cross_entropy_sums` of the logits `vocabulary_logits(hidden, embedding, dtype)`, computed
     `chunk` target tokens at a time: only one chunk's logits [chunk, vocab] exist at once, in the
@@ -161,6 +171,7 @@ def chunked_cross_entropy_sums(
 
     hidden [..., d_model] is the decoder's output, embedding [vocab, d_model] the shared matrix;
     the same sums as projecting everything at once, up to float32 rounding of their order.
+    `sums_of`: one of `LOSSES`, what each chunk's logits are reduced by.
     """
     d_model = hidden.shape[-1]
     hidden, targets, weights = hidden.reshape(-1, d_model), targets.reshape(-1), weights.reshape(-1)
@@ -171,7 +182,7 @@ def chunked_cross_entropy_sums(
 
     @jax.checkpoint
     def one_chunk(embedding, hidden, targets, weights):
-        return cross_entropy_sums(vocabulary_logits(hidden, embedding, dtype), targets, weights, label_smoothing)
+        return sums_of(vocabulary_logits(hidden, embedding, dtype), targets, weights, label_smoothing)
 
     def add(sums, chunk_inputs):
         return jax.tree.map(jnp.add, sums, one_chunk(embedding, *chunk_inputs)), None
@@ -183,7 +194,9 @@ def chunked_cross_entropy_sums(
 
 def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chunk: int = 0) -> dict[str, Array]:
     """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
-    dropout on when `rng` is given; `chunk` > 0: the projection and loss `chunk` tokens at a time."""
+    dropout on when `rng` is given; `chunk` > 0: the projection and loss `chunk` tokens at a time.
+    The sums are taken as the model's `loss_impl` says (`LOSSES`): the option lives in the model's
+    config, so every caller that passes the model gets it with no argument of its own."""
     packed = "inputs_segment_ids" in batch
     out = model.apply(
         {"params": params},
@@ -200,9 +213,10 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chun
     weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
     if "example_mask" in batch:
         weights = weights * batch["example_mask"][:, None]
+    sums_of = LOSSES[model.config.loss_impl]
     if chunk:
         embedding = shared_embedding(params)
         return chunked_cross_entropy_sums(
-            out, embedding, batch["targets"], weights, label_smoothing, chunk, model.config.dtype
+            out, embedding, batch["targets"], weights, label_smoothing, chunk, model.config.dtype, sums_of
         )
-    return cross_entropy_sums(out, batch["targets"], weights, label_smoothing)
+    return sums_of(out, batch["targets"], weights, label_smoothing)

@@ -60,6 +60,11 @@ def model_section() -> ml_collections.ConfigDict:
     section.attention_bias = False  # the paper's W^Q, W^K, W^V, W^O have no biases (True: departure)
     section.dtype = "float32"  # or "bfloat16" compute with float32 parameters
     section.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
+    # the kernel options below compute the same model (tests/test_kernels.py); the defaults keep the step as it was
+    section.segment_attention = "mask"  # "cudnn_offsets" / "pallas": packed rows' attention skips what no segment sees
+    section.dropout_bits = 32  # 8: dropout masks from bytes, a quarter of the random-number work (keep 230/256 at 0.1)
+    section.residual_norm = "flax"  # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own one-pass gradient
+    section.loss_impl = "reductions"  # "one_pass": the loss's four sums in one pass over the [tokens, vocab] logits
     return section
 
 

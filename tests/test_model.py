@@ -290,7 +290,7 @@ def test_the_models_fused_route_equals_the_reference_on_real_targets(packed, mon
     """The whole model with attention_impl="cudnn", its kernel swapped for jax's XLA one (the
     same arguments, on a CPU), against the hand-written attention on dense masks."""
     kernel = fused_attention
-    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, _: kernel(q, k, v, mask, "xla"))
+    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, *_: kernel(q, k, v, mask, "xla"))
     config = dataclasses.replace(TINY, d_k=8, d_v=8)  # jax.nn's attention wants d_k == d_v
     params = init(config)
     inputs = jnp.array([[5, 6, 3, 7, 8, 9, 3, 0], [4, 5, 6, 7, 8, 3, 0, 0], [0] * 8])
@@ -322,7 +322,7 @@ def test_the_fused_routes_gradients_equal_the_references_in_float32(packed, monk
     """The training gradients through the cudnn route's arguments (odd lengths padded, padding
     queries seeing keys), jax's XLA kernel standing in on a CPU, against the hand-written attention."""
     kernel = fused_attention
-    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, _: kernel(q, k, v, mask, "xla"))
+    monkeypatch.setattr("fxformer.model.fused_attention", lambda q, k, v, mask, *_: kernel(q, k, v, mask, "xla"))
     base, *case = bfloat16_case(packed)
     base = dataclasses.replace(base, dtype=jnp.float32)
     reference, fused = (

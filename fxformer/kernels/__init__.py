@@ -1,0 +1,9 @@
+"""Kernels the training step can use in place of XLA's own code, each behind a named model
+option (`fxformer/schema.py`, section `model`) whose default keeps the step as it was:
+
+- `attention.py`: attention that knows the packing, a Pallas kernel (Triton on a GPU, the
+  interpreter elsewhere) that computes only the tiles a segment can see;
+- `segments.py`: the packing as cuDNN's packed-segment layout (offsets and lengths per
+  segment), and the call of cuDNN's fused attention with it;
+- `dropout.py`: dropout from 8-bit random numbers.
+"""
