@@ -1,9 +1,11 @@
 """A sweep's figures (`plot`), PNG files from the same records as its table (matplotlib, no display):
 
-delta.png   per row and metric, the change versus the baseline in percent of it, ours (the paired
-            Δ over the matched base mean, with its 95% interval) beside the reference's, on a
-            linear axis, rows grouped as in the paper (A, B, C, D, E, big); one or two bars that
-            dwarf the rest are cut short, their values written
+delta.png   per row and metric, the change versus the baseline in percent of it, ours with its 95%
+            interval beside the reference's, on a linear axis, rows grouped as in the paper (A, B,
+            C, D, E, big); with an analysis plan, perplexity's bars are the plan's estimates
+            (experiments.analysis: exp(Δ log PPL) - 1) and each row carries its verdict, else the
+            paired Δ over the matched base mean; the reference's noise band shaded; one or two
+            bars that dwarf the rest are cut short, their values written
 params.png  each row's dev figure against its parameter count, ours and the reference's, every
             point labelled without overlap
 curves.png  each group's dev perplexity during training, mean over seeds with the range (only
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 
+from experiments import analysis
 from experiments.context import Context
 from experiments.rows import Row, dev_curves, gather, trained
 from fxformer import exitcodes, png
@@ -28,7 +31,9 @@ def group_of(name: str) -> str:
 def plot(ctx: Context, runs, doc: dict, directory) -> int:
     recs = gather(ctx, runs, doc)
     directory.mkdir(parents=True, exist_ok=True)
-    written = [delta_figure(ctx, recs, directory / "delta.png"), params_figure(ctx, recs, directory / "params.png")]
+    judged = analysis.judge(ctx.sweep, doc, analysis.Plan.of(ctx.sweep)) if ctx.sweep.plan else []
+    delta = delta_figure(ctx, recs, directory / "delta.png", {j.row: j for j in judged})
+    written = [delta, params_figure(ctx, recs, directory / "params.png")]
     by_row: dict[str, list[dict]] = {}
     for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
         by_row.setdefault(rep["row"], []).append(rep)
@@ -75,8 +80,36 @@ def positions(recs: list[Row]) -> tuple[list[float], list[tuple[str, float, floa
     return places, groups
 
 
-def delta_figure(ctx: Context, recs: list[Row], path):
+VERDICT_COLORS = {"agrees": "tab:green", "disagrees": "tab:red", "equivalent": "tab:blue", "inconclusive": "0.45"}
+
+
+def planned(j: analysis.Judged | None) -> tuple[float | None, float | None, float | None]:
+    """The plan's estimate of a row as percentages: (exp(Δ) - 1, and of the CI's ends)."""
+    if j is None or j.estimate is None:
+        return None, None, None
+    return tuple(100 * math.expm1(v) for v in (j.estimate, j.low, j.high))
+
+
+def noise_band(sweep, base: Row | None, metric: str) -> float | None:
+    """The reference's noise band in percent of its baseline: 2 sqrt(2) x its per-run sd."""
+    noise = sweep.noise.get(metric, {})
+    if "log_sd" in noise:
+        return 100 * math.expm1(2 * math.sqrt(2) * noise["log_sd"])
+    if "sd" in noise and base is not None and base.paper.get(metric):
+        return 100 * 2 * math.sqrt(2) * noise["sd"] / base.paper[metric]
+    return None
+
+
+def tick(rec: Row, j: analysis.Judged | None) -> str:
+    """A row's label on the y axis: its name, '(pilot)', and its verdict under the plan."""
+    name = f"{rec.row} (pilot)" if rec.pilot else rec.row
+    return f"{name}: {j.verdict}" if j is not None and j.verdict else name
+
+
+def delta_figure(ctx: Context, recs: list[Row], path, judged: dict | None = None):
     plt = png.pyplot()
+    judged = judged or {}
+    profile = ctx.profile.partition(":")[0]  # a profile's folder is a local path: not in the figure
     from matplotlib.transforms import blended_transform_factory
 
     sweep = ctx.sweep
@@ -87,27 +120,35 @@ def delta_figure(ctx: Context, recs: list[Row], path):
     height = 0.3 * (places[-1] + 1 if places else 1) + 1.8
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics) + 0.6, height), sharey=True, squeeze=False)
     for ax, m in zip(axes[0], metrics):
-        ours = [relative(r, base, m) for r in others]
+        by_plan = m == "ppl" and bool(judged)
+        ours = [planned(judged.get(r.row)) if by_plan else relative(r, base, m) for r in others]
         paper = [relative_paper(r, base, m) for r in others]
         limit = cut_at(ours, paper)
-        bars(ax, places, ours, paper, ctx.profile, limit)
+        if (band := noise_band(sweep, base, m)) is not None:
+            ax.axvspan(-band, band, color="tab:orange", alpha=0.15, linewidth=0, label="paper's noise band (a tie)")
+        bars(ax, places, ours, paper, profile, limit)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.margins(x=0.16)  # room for the bars' labels
         ax.grid(axis="x", alpha=0.3)
         for _, first, _ in groups[1:]:
             ax.axhline(first - 0.8, color="0.75", linewidth=0.6)
         cut = "" if limit is None else f"\nbars beyond ±{limit:.3g}% cut there (« »: their values are written)"
-        ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} (ours: of the matched seeds){cut}")
+        how = "ours: the plan's model, exp(Δ log PPL) - 1" if by_plan else "ours: of the matched seeds"
+        ax.set_xlabel(f"Δ{m.upper()} vs {sweep.baseline}, % of {sweep.baseline} ({how}){cut}")
         ax.set_title(f"{m.upper()}: {'lower' if sweep.metrics[m] == 'lower' else 'higher'} is better")
     first = axes[0][0]
-    fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
-    first.set_yticks(places, [f"{r.row} (pilot)" if r.pilot else r.row for r in others])
+    fig.legend(*first.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+    first.set_yticks(places, [tick(r, judged.get(r.row)) for r in others])
+    for label, r in zip(first.get_yticklabels(), others):  # the verdict in its colour
+        if (j := judged.get(r.row)) is not None and j.verdict:
+            label.set_color(VERDICT_COLORS[j.verdict])
     first.invert_yaxis()
     last = axes[0][-1]
     to_side = blended_transform_factory(last.transAxes, last.transData)
     for name, top, bottom in groups:
         last.text(1.02, (top + bottom) / 2, name, transform=to_side, fontweight="bold", va="center")
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): change versus {sweep.baseline}, ours (95% CI) beside the paper")
+    verdict = "; verdicts: the analysis plan (analysis.md)" if judged else ""
+    fig.suptitle(f"{sweep.name} ({profile}): change versus {sweep.baseline}, ours (95% CI) beside the paper{verdict}")
     fig.tight_layout(rect=(0, 0.45 / height, 1, 1))  # the legend below
     return png.save(fig, path)
 
@@ -192,10 +233,10 @@ def params_figure(ctx: Context, recs: list[Row], path):
                 log_axis(ax.yaxis, subs=tuple(range(1, 10)))
         ax.set_xlabel("parameters (millions, log scale)")
         ax.set_ylabel(f"dev {metric.upper()}" + (" (log scale)" if metric == "ppl" else ""))
-        ax.set_title(f"ours, {ctx.profile} (mean ± sd over seeds)" if side == "ours" else "paper")
+        ax.set_title(f"ours, {ctx.profile.partition(':')[0]} (mean ± sd over seeds)" if side == "ours" else "paper")
         ax.margins(x=0.15, y=0.12)
         panels.append((ax, points))
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): dev {metric.upper()} against parameters")
+    fig.suptitle(f"{sweep.name} ({ctx.profile.partition(':')[0]}): dev {metric.upper()} against parameters")
     fig.tight_layout()
     for ax, points in panels:
         place_labels(ax, points)
@@ -317,6 +358,6 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     what = "dev perplexity during training (mean over seeds, to where the first ended; band: min-max)"
-    fig.suptitle(f"{sweep.name} ({ctx.profile}): {what}")
+    fig.suptitle(f"{sweep.name} ({ctx.profile.partition(':')[0]}): {what}")
     fig.tight_layout()
     return png.save(fig, path)
