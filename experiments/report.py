@@ -100,7 +100,8 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
         "rows": [dataclasses.asdict(rec) for rec in recs],
     }
     written = ["table.md", "table.csv", "results.json"]
-    if ctx.sweep.plan and any(r.row != ctx.sweep.baseline for r in recs):  # the plan's verdicts beside the table
+    others = [rep for rep in doc["replicates"] if rep["row"] != ctx.sweep.baseline and rep.get("evals")]
+    if ctx.sweep.plan and others:  # the analysis plan's verdicts beside the table, once a row has results
         text, data = analysis.document(ctx.sweep, doc)
         paths.write_atomic(directory / "analysis.md", text)
         paths.write_atomic(directory / "analysis.json", json.dumps(data, indent=2) + "\n")
