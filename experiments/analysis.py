@@ -23,6 +23,7 @@ from collections import Counter
 
 from experiments import stats
 
+POWER = 0.8  # a row whose equivalence test has less power than this at the margin is named under-powered
 VERDICTS = (stats.AGREES, stats.DISAGREES, stats.EQUIVALENT, stats.INCONCLUSIVE)
 
 
@@ -278,6 +279,9 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         *table_lines(judged, test, bleu, plan),
         "",
         f"**Counts** ({len(counted)} counted rows): {count_text(judged)}.",
+        "",
+        f"Under-powered at the ±{100 * plan.margin:g}% margin (TOST power below {POWER:g}): "
+        f"{', '.join(j.row for j in counted if j.power is not None and j.power < POWER) or 'none'}.",
         "",
         "Sensitivities (the same rows, one setting changed):",
         "",
