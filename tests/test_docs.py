@@ -1,18 +1,20 @@
 """The README and docs/ cannot rot: every `python -m <module> ... --flag` they show names a module
 that exists and a flag its `--help` lists (or, for `--config.<key>`, a field of the config schema),
-and every relative link and image resolves, anchors included. Cheap: one `--help` per command, run
-in a subprocess and cached, no training.
+and every relative link and image resolves, anchors included. Cheap: every command's `--help`, in
+one subprocess (JAX imported once), no training.
 
-The checker is tested on itself too: a renamed flag and a broken link make it fail.
+Every path of the checkout that they show in code (`fxformer/model.py`, `configs/table3.py:B1`)
+exists. The checker is tested on itself too: a renamed flag and a broken link make it fail.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,6 +29,10 @@ INLINE = re.compile(r"`([^`\n]+(?:\n[^`\n]+)*)`")  # an inline code span, possib
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 COMMAND = re.compile(r"(?:^|(?<=[\s;&|(]))(?:\S*/)?python[0-9.]*\s+-m\s+([A-Za-z_][\w.]*)(.*)")
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w.<>-]*|(?=\s|$))")
+REPO_PATH = re.compile(
+    r"(?<![\w./~-])((?:fxformer|configs|experiments|tests|docs)/[\w./<>*-]*)"
+)  # a path in the checkout
+MODULE_FILE = re.compile(r"(?<![\w./-])(\w+\.py)\b")  # a file named alone, as in a map of the repository
 CONSOLE = re.compile(r"(?<![\w/.~-])(fxformer-[a-z][a-z-]*)(?![\w/.-])")  # a console command's name
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
 
@@ -75,15 +81,60 @@ def commands(code: str) -> list[tuple[str, str, list[str]]]:
     return found
 
 
-@functools.cache
+# The --help text of each command, all in one process so that JAX is imported once: each module's
+# main() (a package's __main__.main) called with `[verb] --help`, outside the process set-up of
+# `cli.run` (which moves file descriptors); the texts go to a JSON file, {"<module> <verb>": text or
+# null where --help fails: no such module, verb or main()}.
+HELP_PROBE = """
+import contextlib, importlib, importlib.util, inspect, io, json, sys
+texts, commands, target = {}, json.loads(sys.argv[1]), sys.argv[2]
+for module, verb in commands:
+    argv = [*([verb] if verb else []), "--help"]
+    out, status = io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            spec = importlib.util.find_spec(module)
+            package = spec is not None and spec.submodule_search_locations is not None
+            main = importlib.import_module(module + ".__main__" if package else module).main
+            if inspect.signature(main).parameters:
+                status = main(argv)
+            else:
+                sys.argv = [module, *argv]
+                status = main()
+    except SystemExit as e:
+        status = e.code
+    except BaseException as e:
+        status = repr(e)
+    texts[f"{module} {verb}"] = out.getvalue() if status in (0, None) else None
+with open(target, "w") as f:
+    json.dump(texts, f)
+"""
+HELP: dict[tuple[str, str], frozenset[str] | None] = {}
+
+
+def load_help(commands: set[tuple[str, str]]) -> None:
+    """Fill HELP with the flags each (module, verb) lists in its --help (None where --help fails)."""
+    missing = sorted(commands - HELP.keys())
+    if not missing:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "help.json"
+        argv = [sys.executable, "-c", HELP_PROBE, json.dumps(missing), str(out)]
+        result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert out.exists(), result.stderr[-3000:]
+        texts = json.loads(out.read_text())
+    for module, verb in missing:
+        text = texts[f"{module} {verb}"]
+        rows = re.findall(r"^  (-[^\s].*?)(?:\s{2,}|$)", text or "", re.M)
+        HELP[(module, verb)] = (
+            None if text is None else frozenset(flag for row in rows for flag in re.findall(r"--([\w-]+)", row))
+        )
+
+
 def help_flags(module: str, verb: str = "") -> frozenset[str] | None:
     """The flags `python -m module [verb] --help` lists (from its option rows), or None when it fails."""
-    argv = [sys.executable, "-m", module, *([verb] if verb else []), "--help"]
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        return None
-    rows = re.findall(r"^  (-[^\s].*?)(?:\s{2,}|$)", result.stdout, re.M)
-    return frozenset(flag for row in rows for flag in re.findall(r"--([\w-]+)", row))
+    load_help({(module, verb)})
+    return HELP[(module, verb)]
 
 
 @functools.cache
@@ -158,9 +209,15 @@ def problems(pages: list[Path], root: Path = REPO, link_pages: list[Path] = ()) 
         per_page.append((page, [cmd for snippet in code for cmd in commands(snippet)]))
         for name in sorted({name for snippet in code for name in CONSOLE.findall(snippet)} - scripts().keys()):
             found.append(f"{page.relative_to(root)}: {name} is not a command of pyproject.toml's [project.scripts]")
-    wanted = {(module, verb) for _, cmds in per_page for module, verb, _ in cmds}
-    with ThreadPoolExecutor(max_workers=4) as pool:  # each command's --help once, a few at a time
-        list(pool.map(lambda mv: help_flags(*mv), sorted(wanted)))
+        for path in sorted({path.rstrip(".,") for snippet in code for path in REPO_PATH.findall(snippet)}):
+            if not re.search(r"[<*]", path) and not (root / path).exists():
+                found.append(f"{page.relative_to(root)}: `{path}` does not exist")
+        modules = {
+            p.name for folder in ("fxformer", "configs", "experiments", "tests") for p in (root / folder).rglob("*.py")
+        }
+        for name in sorted({name for snippet in code for name in MODULE_FILE.findall(snippet)} - modules):
+            found.append(f"{page.relative_to(root)}: no {name} in fxformer/, configs/, experiments/ or tests/")
+    load_help({(module, verb) for _, cmds in per_page for module, verb, _ in cmds})  # one process for all
     for page, cmds in per_page:
         for module, verb, flags in cmds:
             found += [f"{page.relative_to(root)}: {p}" for p in flag_problems(module, verb, flags)]
@@ -192,6 +249,7 @@ def test_the_pages_show_every_command_and_the_checker_sees_them():
 
 def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config_key(tmp_path):
     (tmp_path / "docs").mkdir()
+    (tmp_path / "fxformer").mkdir()
     (tmp_path / "docs" / "there.md").write_text("# There\n\n## A section\n")
     good = tmp_path / "README.md"
     good.write_text(
@@ -208,6 +266,8 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
         .replace("docs/there.md", "docs/gone.md")  # a broken link
         + "\n![figure](docs/missing.png) [anchor](docs/there.md#no-such-section)\n"
         + "`python -m fxformer.no_such_command --help` and `fxformer-no-such-command`\n"
+        + "`docs/renamed.md` and `docs/there.md` and `experiments/results/<name>/`\n"
+        + "```\nfxformer/\n  renamed_module.py  what it was\n```\n"
     )
     found = problems([bad], tmp_path)
     assert any("--splits is not a flag" in p for p in found), found
@@ -217,4 +277,6 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
     assert any("no heading '#no-such-section'" in p for p in found), found
     assert any("python -m fxformer.no_such_command --help` fails" in p for p in found), found
     assert any("fxformer-no-such-command is not a command" in p for p in found), found
-    assert len(found) == 7, found
+    assert any("`docs/renamed.md` does not exist" in p for p in found), found
+    assert any("no renamed_module.py in" in p for p in found), found
+    assert len(found) == 9, found
