@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 
-from experiments import rowstate
+from experiments import backends, rowstate
 from experiments import sweep as sweeps
+from experiments.backends import Backend
 from experiments.cli import say
 from experiments.job import Job, default_logdir
 from fxformer import paths
@@ -51,8 +54,28 @@ class Replicate:
         return config
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How the verbs treat a sweep's rows: its flags, read once (`of`); the verbs read these."""
+
+    backend: str = "local"  # where rows run (--backend; its own flags make `Context.new_backend`)
+    dry_run: bool = False  # print the commands, run nothing
+    parallel: int = 1  # local backend: rows side by side
+    max_attempts: int = 3  # tries per row before it counts as failed
+    retry_failed: bool = False  # try rows that failed max_attempts times again
+    move_changed: bool = False  # move runs with a changed config aside, start over
+    lease_s: float = rowstate.DEFAULT_LEASE_S  # a row whose owner's heartbeat is older is taken over
+    out: str = ""  # collect, plot: where the files go
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Options:
+        """The options the parsed flags of a sweep verb (`runner.parser`) give."""
+        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+
+
 class Context:
-    """A sweep, its root, the per-row flags and the number of seeds, as the verbs see them."""
+    """A sweep, its root, the per-row flags and the number of seeds, as the verbs see them; the
+    flags that shape how its rows run, as `options`."""
 
     def __init__(self, args: argparse.Namespace, extra: list[str]):
         recorded = read_root(args.root, args.dry_run) if args.root else {}
@@ -66,8 +89,15 @@ class Context:
         self.root = args.root or f"runs/{self.sweep.name}-{sweeps.profile_name(self.profile)}"
         self.root_file = paths.as_path(self.root) / ROOT_RECORD
         self.extra = tuple(extra) if extra else tuple(recorded.get("extra", ()))
-        self.seeds = getattr(args, "seeds", 0) or recorded.get("seeds") or 0  # 0: the sweep's own counts
-        self.args = args
+        self.seeds = args.seeds or recorded.get("seeds") or 0  # 0: the sweep's own counts
+        self.options = Options.of(args)
+        # a row's backend, as --backend and its flags say; launched in a thread, the sweep keeps the signals
+        self.new_backend: Callable[..., Backend] = functools.partial(backends.backend_for, args, handle_signals=False)
+
+    @property
+    def args(self) -> Options:
+        """`options` under its older name, which `experiments.records` still reads."""
+        return self.options
 
     def record(self) -> None:
         """R/sweep-root.json: which sweep and profile this root holds, the flags every row gets, the seeds."""
@@ -87,8 +117,9 @@ class Context:
         most = max((len(r) for r in by_row), default=0)
         return [reps[k] for k in range(most) for reps in by_row if k < len(reps)]
 
-    def workdir(self, rep: Replicate | sweeps.Run) -> str:
-        return str(paths.as_path(self.root) / rep.name)
+    def workdir(self, rep: Replicate | sweeps.Run) -> paths.Workdir:
+        """The run directory of a row or replicate, `R/<name>`."""
+        return paths.Workdir(paths.as_path(self.root) / rep.name)
 
     @property
     def eval_split(self) -> str:
@@ -100,7 +131,7 @@ class Context:
         return [split for split, _ in self.sweep.evaluations()[1:]]
 
     def read(self, rep: Replicate | sweeps.Run) -> rowstate.RowState:
-        return rowstate.read(paths.Workdir(self.workdir(rep)), self.eval_split, self.more_splits, self.sweep.eval_flags)
+        return rowstate.read(self.workdir(rep), self.eval_split, self.more_splits, self.sweep.eval_flags)
 
     def job(self, rep: Replicate, train: bool = True, splits: list[str] | None = None) -> Job:
         """The replicate's job: training (unless `train` is False) and the evaluations of `splits`
@@ -117,7 +148,7 @@ class Context:
             logdir=logdir,
             train=train,
             more_evals=tuple(evals[1:]),
-            workdir=workdir,
+            workdir=str(workdir),
         )
 
 

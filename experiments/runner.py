@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import backends, figures, records, report, rowstate, worker
+from experiments import backends, figures, records, report, rowstate
 from experiments import status as status_verb
 from experiments.backends import Backend, Launched, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
@@ -149,19 +149,18 @@ def check_configs(ctx: Context, units: list[Replicate], wanted: dict[str, dict])
         if not found:
             continue
         key, old, new = found
-        if not ctx.args.move_changed:
+        if not ctx.options.move_changed:
             raise UserError(
                 f"{ctx.workdir(rep)} was started with {key}={old!r} and the sweep now gives {new!r}: "
                 "restore the config, or give --move_changed to move the old run aside and start that row over."
             )
-        if row.holder(ctx.args.lease_s):
-            holder = row.holder(ctx.args.lease_s)
+        if holder := row.holder(ctx.options.lease_s):
             raise UserError(f"{ctx.workdir(rep)} has a changed config but {holder} runs it; stop it first.")
-        old_path = paths.as_path(ctx.workdir(rep))
+        old_path = ctx.workdir(rep).root
         n = 1
         while old_path.parent.joinpath(f"{rep.name}.old{n}").exists():
             n += 1
-        if not ctx.args.dry_run:
+        if not ctx.options.dry_run:
             old_path.rename(old_path.parent / f"{rep.name}.old{n}")
         say(f"{rep.name}: {key} changed ({old!r} -> {new!r}); moved the old run to {rep.name}.old{n}")
 
@@ -212,18 +211,14 @@ class Runs:
         self.stopping = threading.Event()
         self.started, self.pace = time.time(), Pace()
 
-    def backend(self) -> Backend:
-        args = self.ctx.args
-        return backends.backend_for(args, echo=args.parallel == 1, handle_signals=False)
-
     def one(self, i: int, rep: Replicate) -> RowStatus:
         found = self.ctx.read(rep)
-        works = found.state(self.ctx.args.lease_s) != RowStatus.FINISHED
+        works = found.state(self.ctx.options.lease_s) != RowStatus.FINISHED
         if works:
             self.pace.began(time.time())
         eta = self.pace.eta(len(self.units) - i, time.time())
         prefix = f"[{i + 1}/{len(self.units)}] {rep.name}"
-        backend = self.live[rep.name] = self.backend()
+        backend = self.live[rep.name] = self.ctx.new_backend(echo=self.ctx.options.parallel == 1)
         try:
             return run_row(self.ctx, rep, backend, self.wanted[rep.name], self.code, prefix, eta, self.stopping)
         finally:
@@ -237,10 +232,11 @@ class Runs:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         outcomes, pending = {}, list(enumerate(self.units))
         try:
-            with concurrent.futures.ThreadPoolExecutor(max(1, self.ctx.args.parallel)) as pool:
+            parallel = self.ctx.options.parallel
+            with concurrent.futures.ThreadPoolExecutor(max(1, parallel)) as pool:
                 running: dict[concurrent.futures.Future, Replicate] = {}
                 while (pending or running) and not (self.stopping.is_set() and not running):
-                    while pending and len(running) < self.ctx.args.parallel and not self.stopping.is_set():
+                    while pending and len(running) < parallel and not self.stopping.is_set():
                         if running and not self.data_ready(running):
                             break  # the first run prepares the data and tokenizer alone: no two builds at once
                         i, rep = pending.pop(0)
@@ -259,7 +255,7 @@ class Runs:
 
     def data_ready(self, running: dict) -> bool:
         """Whether the runs going now are past preparing their data (their workdir holds the tokenizer)."""
-        return all(paths.Workdir(self.ctx.workdir(rep)).tokenizer.exists() for rep in running.values())
+        return all(self.ctx.workdir(rep).tokenizer.exists() for rep in running.values())
 
     def _on_signal(self, signum, frame) -> None:
         say(f"{signal.Signals(signum).name}: asking every running row to save and stop")
@@ -269,15 +265,15 @@ class Runs:
 
 
 def run_rows(ctx: Context, runs) -> int:
-    args = ctx.args
-    if args.parallel < 1:
-        raise UserError(f"--parallel must be at least 1, not {args.parallel}.")
-    if args.parallel > 1 and args.backend != "local":
-        raise UserError(f"--parallel is for the local backend; the {args.backend} backend runs one row at a time.")
+    options = ctx.options
+    if options.parallel < 1:
+        raise UserError(f"--parallel must be at least 1, not {options.parallel}.")
+    if options.parallel > 1 and options.backend != "local":
+        raise UserError(f"--parallel is for the local backend; the {options.backend} backend runs one row at a time.")
     units = ctx.units(runs)
     jobs = Runs(ctx, units)
     check_configs(ctx, units, jobs.wanted)
-    if not args.dry_run:
+    if not options.dry_run:
         ctx.record()
     try:
         outcomes = jobs.all()
@@ -293,7 +289,7 @@ def run_rows(ctx: Context, runs) -> int:
         + ", ".join(f"{n} {state}" for state, n in counts.items())
         + f" in {duration(time.time() - jobs.started)}"
     )
-    return 1 if RowStatus.FAILED in states else exitcodes.OK
+    return exitcodes.FAILED if RowStatus.FAILED in states else exitcodes.OK
 
 
 def run_row(
@@ -317,23 +313,22 @@ def run_row(
                                                         (dry run); STOPPED or FAILED once the
                                                         attempts are spent, else again
     """
-    args = ctx.args
-    total = wanted["num_train_steps"]
+    options, total = ctx.options, wanted["num_train_steps"]
     while True:
         row = ctx.read(rep)
-        state = row.state(args.lease_s)
+        state = row.state(options.lease_s)
         if state == RowStatus.FINISHED:
             end = row.total_steps or total
             say(f"{prefix}: finished (step {end}{'' if end == total else f'/{total}, a plateau'}); skipped")
             return state
         if state in (RowStatus.RUNNING, RowStatus.SUBMITTED):
-            say(f"{prefix}: {state} by {row.holder(args.lease_s)}; left alone")
+            say(f"{prefix}: {state} by {row.holder(options.lease_s)}; left alone")
             return state
-        if args.backend == "local" and (pid := orphaned_worker(ctx, rep)) is not None:
+        if (pid := backend.left_running(ctx.job(rep))) is not None:
             say(f"{prefix}: its training from an earlier launch still runs (pid {pid}); left alone: let it end")
             return RowStatus.RUNNING
         failed = RowStatus.FAILED in (state, row.status.get("state"))  # trained, its evaluation failed: the same
-        if failed and row.attempts >= args.max_attempts and not args.retry_failed:
+        if failed and row.attempts >= options.max_attempts and not options.retry_failed:
             logdir = ctx.job(rep).logdir
             say(f"{prefix}: failed {row.attempts} times (see {logdir}); skipped: --retry_failed tries again")
             return RowStatus.FAILED
@@ -342,15 +337,6 @@ def run_row(
         outcome = attempt(ctx, rep, backend, row, state, wanted, code, prefix, eta)
         if outcome is not None:
             return outcome
-
-
-def orphaned_worker(ctx: Context, rep: Replicate) -> int | None:
-    """The pid of a command this row's local workers started that still runs though its launcher
-    is gone (a closed terminal ends the sweep; its workers ignore SIGHUP), if any: launched again,
-    the row's worker would refuse to start beside it, and the row would count as failed."""
-    logdir = paths.as_path(ctx.job(rep).logdir)  # each process's run dir, written or not yet (its pid held in /tmp)
-    rundirs = [logdir / f"process_{i}" for i in range(getattr(ctx.args, "processes", 1))]
-    return next((pid for d in rundirs if (pid := worker.running_pid(d)) is not None), None)
 
 
 def attempt(
@@ -366,13 +352,13 @@ def attempt(
 ) -> RowStatus | None:
     """Launch one attempt (training and evaluation, or evaluation alone) under a lease; the row's
     outcome, or None where another attempt should follow."""
-    args, total = ctx.args, wanted["num_train_steps"]
+    options, total = ctx.options, wanted["num_train_steps"]
     train = state != RowStatus.TRAINED
     saved = max(row.checkpoint_steps, default=0)  # where training goes on from
     what = "evaluate" if not train else f"resume from step {saved}" if saved else "train"
     say(f"{prefix}: {what} (step {saved}/{total}, attempt {row.attempts + 1}){eta}")
     job = ctx.job(rep, train, None if train else row.unevaluated)  # evaluate alone: the splits still to do
-    if args.dry_run:
+    if options.dry_run:
         backend.launch(job, True)
         return RowStatus.PENDING
     status = {
@@ -383,9 +369,9 @@ def attempt(
         "seed": rep.seed,
         "config": wanted,
         "commit": code,
-        "backend": args.backend,
+        "backend": options.backend,
     }
-    lease = rowstate.Lease(paths.Workdir(ctx.workdir(rep)), status, every_s=min(30.0, args.lease_s / 4))
+    lease = rowstate.Lease(ctx.workdir(rep), status, every_s=min(30.0, options.lease_s / 4))
     if not lease.claim():
         say(f"{prefix}: another launcher claimed it just now; left alone")
         return RowStatus.RUNNING
@@ -410,12 +396,12 @@ def judge_attempt(
 ) -> RowStatus | None:
     """What an attempt that ended (or was submitted) leaves the row in, recorded as the lease is
     released; None where another attempt should follow."""
-    args = ctx.args
-    last_try = row.attempts + 1 >= args.max_attempts
+    options = ctx.options
+    last_try = row.attempts + 1 >= options.max_attempts
     if launched.outcome == Outcome.SUBMITTED:  # the scheduler holds the row now
         lease.release(state=RowStatus.SUBMITTED, job_id=launched.job_id, owner=rowstate.owner_id())
         return RowStatus.SUBMITTED
-    if ctx.read(rep).state(args.lease_s) == RowStatus.FINISHED:
+    if ctx.read(rep).state(options.lease_s) == RowStatus.FINISHED:
         lease.release(state=RowStatus.FINISHED, last_status=launched.status)
         say(f"{prefix}: finished")
         return RowStatus.FINISHED
@@ -446,7 +432,7 @@ def main(verb: str, argv: list[str]) -> int:
     if args.max_attempts < 1:
         raise UserError(f"--max_attempts must be at least 1, not {args.max_attempts}.")
     if args.seeds < 0:
-        raise UserError(f"--seeds must be at least 1, not {args.seeds}.")
+        raise UserError(f"--seeds must be 0 (the root's, else the sweep's counts) or more, not {args.seeds}.")
     if verb == "restore":
         return restore(args, extra)
     if verb in ("collect", "plot") and (args.from_records or args.from_results):
@@ -493,7 +479,7 @@ def restore(args, extra: list[str]) -> int:
 
 def tables(verb: str, ctx: Context, runs, doc: dict, folder: str) -> int:
     """collect or plot the sweep's records `doc` into --out (default `folder`)."""
-    directory = paths.as_path(ctx.args.out or folder)
+    directory = paths.as_path(ctx.options.out or folder)
     if verb == "collect":
         return report.collect(ctx, runs, doc, directory)
     return figures.plot(ctx, runs, doc, directory)

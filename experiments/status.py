@@ -20,12 +20,12 @@ def show(ctx: Context, runs) -> int:
     left = Left()
     for rep in ctx.units(runs):
         row = ctx.read(rep)
-        state = row.state(ctx.args.lease_s)
+        state = row.state(ctx.options.lease_s)
         counts[str(state)] = counts.get(str(state), 0) + 1
         total = row.total_steps or rep.resolved(ctx.extra)["num_train_steps"]
         eta = row.eta_s() if state == RowStatus.RUNNING else None
         left.add(rep.run.name, state, row.wall_s, eta)
-        note = row.holder(ctx.args.lease_s) or ""
+        note = row.holder(ctx.options.lease_s) or ""
         if state == RowStatus.FAILED and "last_status" in row.status:
             note = f"last exit status {row.status['last_status']}"
         if state == RowStatus.FINISHED:

@@ -147,6 +147,9 @@ class FakeBackend:
     def interrupt(self) -> None:
         pass
 
+    def left_running(self, job: Job) -> int | None:
+        return None
+
 
 # case: what launch returns, what run_row returns, launches, fields of the lease afterwards
 CASES = {

@@ -56,3 +56,7 @@ class Backend(Protocol):
 
     def interrupt(self) -> None:
         """Ask the launch running now (in another thread) to save and stop, as SIGTERM to us would."""
+
+    def left_running(self, job: Job) -> int | None:
+        """The pid of a command an earlier launch of `job` started here that still runs though its
+        launcher is gone (None: none, or none this machine can see)."""

@@ -88,6 +88,13 @@ class Local:
             say(f"process {i}: {'SIGTERM sent' if stopped else 'not running'}")
         return exitcodes.OK
 
+    def left_running(self, job: Job) -> int | None:
+        """A worker of an earlier launch still running though its launcher is gone (a closed terminal
+        ends the sweep; its workers ignore SIGHUP): launched again, the job's worker would refuse to
+        start beside it. Each process's run dir is looked at, written or not yet (its pid is held in /tmp)."""
+        rundirs = (self.rundir(job, i) for i in range(self.processes))
+        return next((pid for d in rundirs if (pid := worker.running_pid(d)) is not None), None)
+
     def before_retry(self, job: Job) -> None:
         pass
 

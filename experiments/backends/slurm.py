@@ -149,3 +149,6 @@ class Slurm:
 
     def interrupt(self) -> None:
         pass  # nothing runs here: scancel stops a submitted job (python -m experiments stop)
+
+    def left_running(self, job: Job) -> int | None:
+        return None  # the scheduler runs the tasks; a submitted row's lease says who holds it

@@ -152,6 +152,9 @@ class Tpu:
     def interrupt(self) -> None:
         self.group.interrupt()
 
+    def left_running(self, job: Job) -> int | None:
+        return None  # the workers run on the TPU hosts, where a relaunched worker refuses to start beside one
+
     def print_launch(self, job: Job) -> int:
         """The launch as a shell script: sync, then one ssh per worker in parallel, each to its log."""
         run_commands(self.sync_commands(job, True), True)
