@@ -20,7 +20,7 @@ Writes into W/attention/<name>/ only (--name, else the source's first words and 
   weights.json (with --json)          the weights themselves, per kind, layer and head, with the tokens
 Decoder positions are labelled by the token they read (`<s>` first) in decoder self-attention,
 and by the token they predict in encoder-decoder attention. In a notebook:
-`run = inference.restore("runs/default"); w = attention_maps.pair_weights(run, "The dog sleeps.")`.
+`run = inference.restore(cli.workdir("runs/default")); w = attention_maps.pair_weights(run, "The dog sleeps.")`.
 """
 
 from __future__ import annotations
@@ -360,7 +360,8 @@ def main() -> None:
     args = inferflags.parse(p)
     log = cli.log_to_stderr
 
-    config = load_workdir_config(args.workdir)  # layers and heads checked before any restore
+    workdir = cli.workdir(args.workdir)
+    config = load_workdir_config(workdir)  # layers and heads checked before any restore
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = max(1, num_layers - 1) if args.layer is None else args.layer
     if not 1 <= layer <= num_layers:
@@ -371,10 +372,10 @@ def main() -> None:
     if not 0 < args.dpi < 2000:  # a NaN too
         raise UserError(f"--dpi={args.dpi:g} is not a resolution; give dots per inch above 0 and below 2000, e.g. 100.")
     check_sentences(args.source, args.target)
-    parent = paths.Workdir(args.workdir).root / "attention"
+    parent = workdir.root / "attention"
     paths.check_writable(parent, "the figures are written")
 
-    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
+    run = inference.restore(workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
     w = pair_weights(run, args.source, args.target, log)
     if w.translated:
         parallel.print_once(f"translation: {w.target}")

@@ -13,11 +13,13 @@ import contextlib
 import json
 import os
 from collections.abc import Sequence
+from typing import Literal
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 
 from fxformer import paths
 from fxformer.errors import UserError
@@ -34,10 +36,9 @@ def open_manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = 
 TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
 
 
-def remove_unfinished(directory: paths.PathLike, log=print) -> None:
+def remove_unfinished(directory: epath.Path, log=print) -> None:
     """Delete the saves that never finished (a kill during a save): temporary directories on a disk,
     step directories without orbax's commit file in a bucket (`paths.complete_steps`)."""
-    directory = paths.as_path(directory)
     if not directory.exists():
         return
     complete = set(paths.complete_steps(directory))
@@ -51,7 +52,7 @@ class SaveFailed(UserError):
     """A checkpoint could not be written (a full disk, a lost bucket); the earlier ones are intact."""
 
 
-def save_failed(directory: paths.PathLike, step: int | None, error: BaseException) -> SaveFailed:
+def save_failed(directory: epath.Path, step: int | None, error: BaseException) -> SaveFailed:
     """One sentence: why the save failed and which checkpoint the next run resumes from."""
     text = str(error)
     in_text = (words for code, words in paths.UNWRITABLE.items() if os.strerror(code) in text)  # orbax wraps OSErrors
@@ -59,8 +60,7 @@ def save_failed(directory: paths.PathLike, step: int | None, error: BaseExceptio
         in_text, f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
     )
     if step is None:  # the save that failed is the one left unfinished
-        folder = paths.as_path(directory)
-        names = [p.name for p in folder.iterdir()] if folder.exists() else []  # absent: the workdir was removed
+        names = [p.name for p in directory.iterdir()] if directory.exists() else []  # absent: the workdir was removed
         unfinished = [name.split(".")[0] for name in names if TEMPORARY in name]
         step = int(unfinished[-1]) if unfinished and unfinished[-1].isdigit() else None
     done = [s for s in paths.complete_steps(directory) if s != step]
@@ -195,9 +195,9 @@ def shape_mismatch(directory, step: int, abstract_params) -> str | None:
     return f"{extra[0]} is in the checkpoint but not in the model" if extra else None
 
 
-def data_position_problem(directory, step: int) -> str:
+def data_position_problem(directory: epath.Path, step: int) -> str:
     """Why the data iterator's position at `step` cannot be read, in one sentence."""
-    data = paths.as_path(directory) / str(step) / "data"
+    data = directory / str(step) / "data"
     saved = sorted(p.name for p in data.iterdir() if p.name.startswith("process_")) if data.exists() else []
     counts = {name.rsplit("-of-", 1)[-1].removesuffix(".json") for name in saved}
     if counts and counts != {str(jax.process_count())}:
@@ -227,13 +227,13 @@ def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_pa
     return jax.tree.map(lambda x: x / len(steps), total)
 
 
-def written_at(directory: paths.PathLike, steps: list[int]) -> list[int | None]:
+def written_at(directory: epath.Path, steps: list[int]) -> list[int | None]:
     """When orbax finished writing each of `steps` (its `_CHECKPOINT_METADATA`; None where an older
     orbax recorded no such time), so that a step written again (a retrained run, a resume after
     divergence) is told from the one seen before."""
     times = []
     for step in steps:
-        path = paths.as_path(directory) / str(step) / "_CHECKPOINT_METADATA"
+        path = directory / str(step) / "_CHECKPOINT_METADATA"
         try:
             times.append(json.loads(path.read_text()).get("commit_timestamp_nsecs"))
         except (OSError, ValueError, AttributeError):  # an older orbax's checkpoint: no such record
@@ -330,3 +330,120 @@ class Best:
     def close(self) -> None:
         if self.manager is not None:
             self.manager.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A workdir's parameters: one checkpoint, the average of k, or the best
+
+
+def workdir_params(
+    workdir: paths.Workdir,
+    step: int | str,
+    k: int,
+    abstract_params,
+    *,
+    log=print,
+    keep_average: bool = True,
+    interval: int = 1,
+) -> tuple[dict, list[int]]:
+    """The parameters a workdir's checkpoints hold, and their steps: those kept in `W/best` (`step`
+    "best"), or of the k training checkpoints that end at `step` ("latest" or a number), averaged
+    if several (`checkpoint_params`; `interval`: the run's checkpoint interval)."""
+    if step == "best":
+        return best_params(workdir, abstract_params, log)
+    return checkpoint_params(workdir, step, k, abstract_params, log, keep_average, interval)
+
+
+def apart(steps: list[int], k: int, interval: int) -> tuple[list[int], list[int]]:
+    """(the last k of `steps` that are at least half the checkpoint `interval` apart, oldest first;
+    the steps passed over). Walking back from the last: a checkpoint a stop wrote a few steps after
+    a regular one (a time budget, SIGTERM) would otherwise count nearly the same parameters twice."""
+    chosen, skipped = [], []
+    for step in reversed(steps):
+        if len(chosen) == k:
+            break
+        if chosen and 2 * (chosen[-1] - step) < interval:
+            skipped.append(step)
+        else:
+            chosen.append(step)
+    return chosen[::-1], skipped[::-1]
+
+
+def checkpoint_params(
+    workdir: paths.Workdir,
+    step: int | Literal["latest"],
+    k: int,
+    abstract_params,
+    log=print,
+    keep_average=True,
+    checkpoint_every: int = 1,
+) -> tuple[dict, list[int]]:
+    """The parameters of the k training checkpoints that end at `step`, at least half the
+    checkpoint interval apart (`apart`; averaged if several: `averaged`), and their steps."""
+    directory = workdir.checkpoints
+    if not directory.exists():
+        raise UserError(f"{directory} holds no checkpoint; train first.")
+    with open_manager(directory, asynchronous=False) as manager:
+        saved = list(manager.all_steps())
+        if not saved:
+            raise UserError(f"{directory} holds no checkpoint; train first.")
+        if step != "latest" and step not in saved:
+            raise UserError(f"No checkpoint at step {step} in {directory}; there are {saved}.")
+        candidates = [s for s in saved if step == "latest" or s <= step]
+        chosen, skipped = apart(candidates, k, checkpoint_every)
+        if skipped:
+            log(
+                f"averaging: skipped step(s) {', '.join(map(str, skipped))}: closer than half the checkpoint interval "
+                f"({checkpoint_every} steps) to a later checkpoint averaged"
+            )
+        if len(chosen) < k:
+            log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
+        if len(chosen) == 1:
+            params = training_params(manager, chosen[0], abstract_params)
+        else:
+            params = averaged(workdir, manager, chosen, abstract_params, log, keep_average)
+    return params, chosen
+
+
+def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dict, list[int]]:
+    """The parameters kept in `W/best` (best dev metric during training) and their step."""
+    if not workdir.best.exists():
+        raise UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
+    with open_manager(workdir.best, asynchronous=False) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
+        params, meta = kept_params(manager, step, abstract_params, kind="best")
+    log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
+    return params, [step]
+
+
+def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params, log=print, keep: bool = True):
+    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if averaged there
+    from the same steps before, else computed (and saved there for reuse if `keep`)."""
+    directory = workdir.averaged(len(steps))
+    written = written_at(workdir.checkpoints, steps)
+    params = saved_average(directory, steps, written, abstract_params)
+    if params is not None:
+        return params
+    log(f"averaging the parameters of steps {steps}" + ("" if keep else " (in memory)"))
+    params = average_params(manager, steps, abstract_params)
+    if keep:
+        with open_manager(directory, asynchronous=False) as avg:
+            if steps[-1] in avg.all_steps():
+                avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed)
+            save_params(avg, steps[-1], params, {"checkpoint_steps": steps, "written_at": written})
+    return params
+
+
+def saved_average(directory, steps: list[int], written: list, abstract_params):
+    """The mean parameters of `steps` saved in `directory` (`W/averaged/last<k>`), or None if
+    there is none, or it was averaged from other steps or from other checkpoints of these steps
+    (`written`: when each was written, `checkpoint.written_at`)."""
+    if not directory.exists():
+        return None
+    with open_manager(directory, asynchronous=False) as avg:
+        if steps[-1] not in avg.all_steps():
+            return None
+        params, meta = kept_params(avg, steps[-1], abstract_params)
+    return params if meta["checkpoint_steps"] == steps and meta.get("written_at") == written else None

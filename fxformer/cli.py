@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 from absl import logging as absl_logging
 
-from fxformer import configfile, exitcodes
+from fxformer import configfile, exitcodes, paths
 from fxformer.errors import UserError
 
 
@@ -53,6 +53,22 @@ def parse(
     return args, config
 
 
+def workdir(flag: str) -> paths.Workdir:
+    """--workdir, refused in one sentence if it is a file or lies under one, as the `Workdir` the
+    command passes on (converted here once)."""
+    run = paths.Workdir(flag)
+    paths.check_workdir(run)
+    return run
+
+
+def read_flag_file(flag: str, value: str) -> bytes:
+    """The bytes of the file that `--flag=value` names (a local path or a URL), or one sentence why not."""
+    try:
+        return paths.as_path(value).read_bytes()
+    except OSError as e:
+        raise UserError(f"Cannot read --{flag} '{value}': {e.strerror or e}.") from None
+
+
 def log_to_stderr(*args, **kwargs) -> None:
     """Progress output for commands whose stdout is data."""
     print(*args, file=sys.stderr, **kwargs)
@@ -60,8 +76,10 @@ def log_to_stderr(*args, **kwargs) -> None:
 
 def setup_process() -> None:
     """What a command changes in its process, in one place (importing fxformer changes nothing):
-    quiet logs of TFDS, TensorFlow and orbax, no TFDS progress bars, and silence about what a
-    failed background save leaves behind (fxformer reports it in one sentence)."""
+    quiet logs of TFDS, TensorFlow and orbax, no TFDS progress bars, silence about what a failed
+    background save leaves behind (fxformer reports it in one sentence), and what libraries write
+    to the standard output kept out of the command's own (`keep_library_output_apart`)."""
+    keep_library_output_apart()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     absl_logging.set_verbosity(absl_logging.ERROR)  # TFDS and orbax chatter; our own output is print()
     # orbax logs each background thread's failure with a traceback; fxformer reports a failed save itself
@@ -69,6 +87,26 @@ def setup_process() -> None:
     if "tensorflow_datasets" in sys.modules:  # a command that reads data (plot does not: no import for it)
         sys.modules["tensorflow_datasets"].disable_progress_bar()
     quiet_failed_saves()
+
+
+def keep_library_output_apart() -> None:
+    """The command's standard output holds what fxformer prints (`sys.stdout`) and nothing else:
+    what native libraries write to file descriptor 1 goes to stderr instead, beside their other
+    messages. On a CPU cluster, gloo writes its connection lines there from its own threads, cut
+    into fragments by other writes ('... 3 peer ranks. Expected number of connected peer ranks is
+    : 3'); they would land among the results, or the translations, of a multi-process command.
+    Nothing changes where either stream is closed."""
+    if sys.stdout is None or sys.stderr is None:
+        return
+    try:
+        sys.stdout.flush()
+        own = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError):  # closed descriptors, or a stream without one (a test's capture)
+        return
+    before = sys.stdout
+    sys.stdout = open(own, "w", encoding=before.encoding, errors=before.errors)  # noqa: SIM115 - the process's
+    sys.stdout.reconfigure(line_buffering=before.line_buffering)
 
 
 # What marks an exception as raised by checkpoint I/O (orbax, and the TensorStore reads and
@@ -144,7 +182,7 @@ def run(main: Callable[[], int | None]) -> None:
         sys.exit(main() or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "status", exitcodes.USER_ERROR))  # a refusal may name its own (train.WorkdirRemoved)
+        sys.exit(getattr(e, "status", exitcodes.USER_ERROR))  # a refusal may name its own (lifecycle.WorkdirRemoved)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -12,6 +12,7 @@ in `validate`.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import json
@@ -152,6 +153,29 @@ def fits(value, default) -> bool:
     if isinstance(default, float):
         return isinstance(value, (int, float))
     return default is None or isinstance(value, type(default))
+
+
+def parse_value(key: str, raw: str, current: Any) -> Any:
+    """A command-line value `raw` (`--config.<key>=<raw>`) parsed as the type of the field's current value."""
+    kind = kind_of(current)
+    try:
+        if isinstance(current, bool):
+            lowered = raw.lower()
+            if lowered not in ("true", "false", "1", "0"):
+                raise ValueError
+            return lowered in ("true", "1")
+        if isinstance(current, int):
+            return int(raw)
+        if isinstance(current, float):
+            return float(raw)
+        if isinstance(current, str):
+            return raw
+        value = ast.literal_eval(raw)
+        if current is not None and not isinstance(value, type(current)):
+            raise ValueError
+        return value
+    except (ValueError, SyntaxError):
+        raise UserError(f"Config key '{key}' takes {kind}, and '{raw}' is not.") from None
 
 
 def check_fields(config) -> None:
@@ -406,14 +430,13 @@ class DecodeOptions:
 RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume
 
 
-def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
+def load_workdir_config(workdir: paths.Workdir) -> ml_collections.ConfigDict:
     """The resolved config a run wrote into its workdir, as today's code reads it: one written by
     older code gets the fields added since (`upgrade`), after the same checks as a config from
     the command line: every key known and every value of its field's type (`check_fields`),
     then `validate`. Every command that reads a workdir's config reads it here, so a hand-edited
     config.json is refused in one sentence naming the file and the key, before anything runs."""
-    path = paths.Workdir(workdir).config
-    paths.check_workdir(workdir)
+    path = workdir.config
     if not path.exists():
         raise UserError(f"{workdir} has no config.json; is it a training workdir?")
     try:
@@ -436,10 +459,9 @@ def load_workdir_config(workdir: paths.PathLike) -> ml_collections.ConfigDict:
     return config
 
 
-def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike) -> None:
+def check_workdir_config(config: ml_collections.ConfigDict, workdir: paths.Workdir) -> None:
     """Refuse a workdir whose recorded model differs from the config's (nothing is written)."""
-    paths.check_workdir(workdir)
-    if not paths.Workdir(workdir).config.exists():
+    if not workdir.config.exists():
         return
     old = load_workdir_config(workdir).to_dict()
     new = json.loads(config.to_json())
@@ -467,13 +489,13 @@ def config_changes(old: dict, new: dict, shared_only: bool = False, prefix: str 
     return out
 
 
-def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.PathLike, step: int = 0) -> None:
+def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.Workdir, step: int = 0) -> None:
     """Record the resolved config the run trains with, once training really goes on from `step`
     (train's process 0 calls it when a new run starts, and for a resume at its first save).
     Fields a resume changed (`num_train_steps`, the schedule, intervals, ...) are appended to
     `W/config-history.jsonl` with the step from which they hold, so no value is overwritten
     silently."""
-    run = paths.Workdir(workdir)
+    run = workdir
     new = json.loads(config.to_json())
     if run.config.exists():
         changed = config_changes(load_workdir_config(workdir).to_dict(), new)

@@ -5,16 +5,14 @@ parsed as the type of its current value. Imports no JAX (the launcher and sweeps
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import ml_collections
 
-from fxformer.config import check_decode, kind_of, resolve_derived, walk
+from fxformer.config import check_decode, parse_value, resolve_derived, walk
 from fxformer.errors import UserError
 
 
@@ -63,36 +61,13 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     return config
 
 
-def _parse_value(key: str, raw: str, current: Any) -> Any:
-    """Parse `raw` as the type of the field's current value."""
-    kind = kind_of(current)
-    try:
-        if isinstance(current, bool):
-            lowered = raw.lower()
-            if lowered not in ("true", "false", "1", "0"):
-                raise ValueError
-            return lowered in ("true", "1")
-        if isinstance(current, int):
-            return int(raw)
-        if isinstance(current, float):
-            return float(raw)
-        if isinstance(current, str):
-            return raw
-        value = ast.literal_eval(raw)
-        if current is not None and not isinstance(value, type(current)):
-            raise ValueError
-        return value
-    except (ValueError, SyntaxError):
-        raise UserError(f"Config key '{key}' takes {kind}, and '{raw}' is not.") from None
-
-
 def apply_override(config: ml_collections.ConfigDict, key: str, raw: str) -> None:
     """Set the dotted `key` of `config` from the command-line string `raw`, checking key and type."""
     node, leaf = walk(config, key)
     if isinstance(node[leaf], ml_collections.ConfigDict):
         raise UserError(f"Config key '{key}' is a section; set one of its fields instead.")
     with node.unlocked():
-        node[leaf] = _parse_value(key, raw, node[leaf])
+        node[leaf] = parse_value(key, raw, node[leaf])
 
 
 def overrides(flags: Iterable[str]) -> list[tuple[str, str]]:
@@ -120,7 +95,13 @@ def decode_changes(config: ml_collections.ConfigDict, pairs, workdir) -> dict:
     """The decode fields that the overrides `pairs` set to another value than the trained run's
     `config` ({"alpha": 1.5}): what names an evaluation's results (`paths.Workdir.eval_result`)."""
     searched = apply_decode_overrides(config.copy_and_resolve_references(), pairs, workdir)
-    return {key: value for key, value in searched.decode.items() if config.decode.get(key) != value}
+    return changed_decode(config.decode, searched.decode)
+
+
+def changed_decode(trained: Mapping, searched: Mapping) -> dict:
+    """The fields of a `searched` decode section whose value differs from the `trained` run's
+    ({"alpha": 1.5})."""
+    return {key: value for key, value in searched.items() if trained.get(key) != value}
 
 
 def apply_decode_overrides(config: ml_collections.ConfigDict, pairs, workdir) -> ml_collections.ConfigDict:

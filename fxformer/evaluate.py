@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import sacrebleu
 
-from fxformer import cli, configfile, inference, inferflags, parallel, paths
+from fxformer import cli, inference, inferflags, parallel, paths
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora, pipeline
 from fxformer.errors import UserError
@@ -54,7 +54,7 @@ def scores(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def evaluate(
-    workdir: paths.PathLike,
+    workdir: paths.Workdir,
     split: str = "test",
     step: int | str = "latest",
     average_last: int | None = None,
@@ -66,8 +66,6 @@ def evaluate(
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split` (`step`, `average_last`:
     which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
     if given, is called before anything is written (so a disk that fills at the end loses no score)."""
-    workdir = paths.Workdir(workdir)
-    paths.check_workdir(workdir)
     if jax.process_index() == 0:  # before any work: the results are written at the end
         paths.check_writable(workdir.eval, "evaluation writes its results")
     run = inference.restore(workdir, step, average_last, overrides, log)
@@ -83,17 +81,15 @@ def evaluate(
     hypotheses = best(run.params, f"{options.strategy} search ({split})")
 
     steps = run.steps
-    changed = configfile.decode_changes(load_workdir_config(workdir), overrides, workdir)
-    result = workdir.eval_result(split, steps, best=step == "best", first=n if n < len(source) else 0, decode=changed)
+    first = n if n < len(source) else 0
+    result = workdir.eval_result(split, steps, best=step == "best", first=first, decode=run.decode_changes)
     results = {
         **scores(hypotheses, references),
         **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},
         "num_sentences": n,
         "split": split,
         "checkpoint_steps": steps,
-        "beam_size": options.beam_size,
-        "alpha": options.alpha,
-        "decode": options.to_dict(),
+        "decode": options.to_dict(),  # the search's options (older results held beam_size and alpha at top level too)
         "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
     }
@@ -108,14 +104,10 @@ def evaluate(
     return results
 
 
-def score_file(workdir: paths.PathLike, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
+def score_file(workdir: paths.Workdir, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
     """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
     config = load_workdir_config(workdir)
-    try:
-        data = paths.as_path(hypotheses_file).read_bytes()
-    except OSError as e:
-        raise UserError(f"Cannot read --hypotheses '{hypotheses_file}': {e.strerror or e}.") from None
-    hypotheses = paths.split_lines(data, hypotheses_file)
+    hypotheses = paths.split_lines(cli.read_flag_file("hypotheses", hypotheses_file), hypotheses_file)
     _, n, references = references_of(config, split, limit, log)
     if len(hypotheses) != n:
         raise UserError(
@@ -137,9 +129,10 @@ def main() -> None:
         "file's order)",
     )
     args = inferflags.parse(p)
+    workdir = cli.workdir(args.workdir)
     say = parallel.print_once
     if args.hypotheses:
-        r = score_file(args.workdir, args.hypotheses, args.split, args.limit, log=say)
+        r = score_file(workdir, args.hypotheses, args.split, args.limit, log=say)
         say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}")
@@ -152,10 +145,10 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    r = evaluate(args.workdir, args.split, args.step, args.average_last, args.overrides, args.limit, say, report)
+    r = evaluate(workdir, args.split, args.step, args.average_last, args.overrides, args.limit, say, report)
     say(
         f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-        f"{r.get('path', args.workdir)}"
+        f"{r.get('path', workdir)}"
     )
 
 

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
 from fxformer.config import DecodeOptions, load_workdir_config
-from fxformer.data import pipeline
+from fxformer.data import corpora, pipeline, tokenized
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import per_token
@@ -46,6 +46,13 @@ class Restored:
     params: Any
     steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
     mesh: jax.sharding.Mesh
+    trained_decode: dict | None = None  # the trained run's decode section, before any overrides
+
+    @property
+    def decode_changes(self) -> dict:
+        """The decode fields the overrides set to another value than the trained run's ({"alpha":
+        1.5}): what names an evaluation's results (`paths.Workdir.eval_result`)."""
+        return configfile.changed_decode(self.trained_decode or self.config.decode, self.config.decode)
 
     @property
     def decode(self) -> DecodeOptions:
@@ -54,7 +61,7 @@ class Restored:
 
 
 def restore(
-    workdir: paths.PathLike,
+    workdir: paths.Workdir,
     step: int | Literal["latest", "best"] = "latest",
     average_last: int | None = None,
     overrides=(),
@@ -75,10 +82,10 @@ def restore(
         raise UserError(f"The checkpoint to restore is 'latest', 'best' or a step number, not {step!r}.")
     if average_last is not None and average_last < 1:
         raise UserError(f"average_last must be positive (1: no averaging), not {average_last}.")
-    workdir = paths.Workdir(workdir)
     if step == "best" and (average_last or 1) > 1:
         raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
-    config = configfile.apply_decode_overrides(load_workdir_config(workdir), overrides, workdir)
+    trained = load_workdir_config(workdir)  # the one read of W/config.json
+    config = configfile.apply_decode_overrides(trained.copy_and_resolve_references(), overrides, workdir)
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
     if not workdir.tokenizer.exists():
@@ -87,108 +94,11 @@ def restore(
     mesh = parallel.data_mesh()
     model = trainstate.model_of(config, tokenizer.vocab_size)
     abstract_params = trainstate.abstract_params(model, mesh)
-    if step == "best":
-        params, steps = best_params(workdir, abstract_params, log)
-    else:
-        params, steps = checkpoint_params(
-            workdir, step, average_last, abstract_params, log, keep_average, config.checkpoint_every_steps
-        )
-    return Restored(config, model, tokenizer, params, steps, mesh)
-
-
-def apart(steps: list[int], k: int, interval: int) -> tuple[list[int], list[int]]:
-    """(the last k of `steps` that are at least half the checkpoint `interval` apart, oldest first;
-    the steps passed over). Walking back from the last: a checkpoint a stop wrote a few steps after
-    a regular one (a time budget, SIGTERM) would otherwise count nearly the same parameters twice."""
-    chosen, skipped = [], []
-    for step in reversed(steps):
-        if len(chosen) == k:
-            break
-        if chosen and 2 * (chosen[-1] - step) < interval:
-            skipped.append(step)
-        else:
-            chosen.append(step)
-    return chosen[::-1], skipped[::-1]
-
-
-def checkpoint_params(
-    workdir: paths.Workdir,
-    step: int | Literal["latest"],
-    k: int,
-    abstract_params,
-    log=print,
-    keep_average=True,
-    checkpoint_every: int = 1,
-) -> tuple[dict, list[int]]:
-    """The parameters of the k training checkpoints that end at `step`, at least half the
-    checkpoint interval apart (`apart`; averaged if several: `averaged`), and their steps."""
-    directory = workdir.checkpoints
-    if not directory.exists():
-        raise UserError(f"{directory} holds no checkpoint; train first.")
-    with checkpoint.open_manager(directory, asynchronous=False) as manager:
-        saved = list(manager.all_steps())
-        if not saved:
-            raise UserError(f"{directory} holds no checkpoint; train first.")
-        if step != "latest" and step not in saved:
-            raise UserError(f"No checkpoint at step {step} in {directory}; there are {saved}.")
-        candidates = [s for s in saved if step == "latest" or s <= step]
-        chosen, skipped = apart(candidates, k, checkpoint_every)
-        if skipped:
-            log(
-                f"averaging: skipped step(s) {', '.join(map(str, skipped))}: closer than half the checkpoint interval "
-                f"({checkpoint_every} steps) to a later checkpoint averaged"
-            )
-        if len(chosen) < k:
-            log(f"warning: averaging the {len(chosen)} checkpoints there are, not {k}")
-        if len(chosen) == 1:
-            params = checkpoint.training_params(manager, chosen[0], abstract_params)
-        else:
-            params = averaged(workdir, manager, chosen, abstract_params, log, keep_average)
-    return params, chosen
-
-
-def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dict, list[int]]:
-    """The parameters kept in `W/best` (best dev metric during training) and their step."""
-    if not workdir.best.exists():
-        raise UserError(f"{workdir} kept no best checkpoint (config best_metric, set at training); give --step=N.")
-    with checkpoint.open_manager(workdir.best, asynchronous=False) as manager:
-        step = manager.latest_step()
-        if step is None:
-            raise UserError(f"{workdir.best} holds no checkpoint yet; it is written at the first dev evaluation.")
-        params, meta = checkpoint.kept_params(manager, step, abstract_params, kind="best")
-    log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
-    return params, [step]
-
-
-def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params, log=print, keep: bool = True):
-    """The mean parameters of `steps`: from `W/averaged/last<k>/<last step>` if averaged there
-    from the same steps before, else computed (and saved there for reuse if `keep`)."""
-    directory = workdir.averaged(len(steps))
-    written = checkpoint.written_at(workdir.checkpoints, steps)
-    params = saved_average(directory, steps, written, abstract_params)
-    if params is not None:
-        return params
-    log(f"averaging the parameters of steps {steps}" + ("" if keep else " (in memory)"))
-    params = checkpoint.average_params(manager, steps, abstract_params)
-    if keep:
-        with checkpoint.open_manager(directory, asynchronous=False) as avg:
-            if steps[-1] in avg.all_steps():
-                avg.delete(steps[-1])  # averaged from other checkpoints (keep_checkpoints changed)
-            checkpoint.save_params(avg, steps[-1], params, {"checkpoint_steps": steps, "written_at": written})
-    return params
-
-
-def saved_average(directory, steps: list[int], written: list, abstract_params):
-    """The mean parameters of `steps` saved in `directory` (`W/averaged/last<k>`), or None if
-    there is none, or it was averaged from other steps or from other checkpoints of these steps
-    (`written`: when each was written, `checkpoint.written_at`)."""
-    if not directory.exists():
-        return None
-    with checkpoint.open_manager(directory, asynchronous=False) as avg:
-        if steps[-1] not in avg.all_steps():
-            return None
-        params, meta = checkpoint.kept_params(avg, steps[-1], abstract_params)
-    return params if meta["checkpoint_steps"] == steps and meta.get("written_at") == written else None
+    interval = config.checkpoint_every_steps
+    params, steps = checkpoint.workdir_params(
+        workdir, step, average_last, abstract_params, log=log, keep_average=keep_average, interval=interval
+    )
+    return Restored(config, model, tokenizer, params, steps, mesh, trained.decode.to_dict())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +336,40 @@ class BestTranslations:
             seed=self.options.seed,
         )
         return [nbest[0][0] for nbest in translated]
+
+
+class DevEvaluation(NamedTuple):
+    """The dev evaluations during training: the loss over the first dev `examples` (`dev_loss`),
+    and BLEU of the config's search (`bleu`; None where it is not measured)."""
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    max_len: int
+    compiled_loss: Any  # `loss_step`
+    examples: list[dict]
+    bleu: DevBleu | None
+
+    @classmethod
+    def of(cls, config, model: Transformer, mesh, prepared: tuple, log=print) -> DevEvaluation:
+        """From `train.prepare_data`'s (builder, tokenizer, folder of the token ids)."""
+        builder, tokenizer, ids = prepared
+        bleu = None
+        if config.dev_bleu_every_steps > 0:
+            bleu = DevBleu(model, mesh, config, corpora.data_source(builder, config.data.eval_split), tokenizer, log)
+        examples = tokenized.load(ids, config.data.eval_split).examples(
+            config.eval_batches * config.data.eval_batch_size
+        )
+        compiled = loss_step(model, config.label_smoothing, mesh, config.loss_chunk_tokens)
+        return cls(config, mesh, model.config.max_len, compiled, examples, bleu)
+
+    def __call__(self, params, *, loss: bool, bleu: bool) -> dict[str, float]:
+        """The dev metrics asked for: dev_loss, dev_nll, dev_ppl, dev_accuracy; dev_bleu."""
+        logged = {}
+        if loss:
+            logged = dev_loss(self.compiled_loss, params, self.examples, self.config, self.mesh, self.max_len, "dev_")
+        if bleu:
+            logged["dev_bleu"] = self.bleu(params)
+        return logged
 
 
 class DevBleu:

@@ -22,10 +22,9 @@ from fxformer.timefmt import duration
 class MetricWriter:
     """One JSON object per logged step in `metrics.jsonl`, and the same scalars for TensorBoard."""
 
-    def __init__(self, workdir: paths.PathLike, resume_step: int = 0, enabled: bool = True):
+    def __init__(self, workdir: paths.Workdir, resume_step: int = 0, enabled: bool = True):
         self.enabled = enabled
-        run = paths.Workdir(workdir)
-        self.path = run.metrics
+        self.path = workdir.metrics
         self.lines: list[str] = []
         if not enabled:
             return
@@ -34,7 +33,7 @@ class MetricWriter:
             kept = lambda step: step is not None and step <= resume_step  # noqa: E731 - a damaged line is dropped
             self.lines = [line for line in self.path.read_text().splitlines() if kept(paths.metrics_step(line))]
             paths.write_atomic(self.path, self._text())
-        self.tensorboard = SummaryWriter(logdir=str(run.tensorboard), purge_step=resume_step + 1)
+        self.tensorboard = SummaryWriter(logdir=str(workdir.tensorboard), purge_step=resume_step + 1)
 
     def _text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
@@ -188,3 +187,10 @@ def console_line(step, total, m, window, tokens_per_step, now, budget_left=None)
         else:
             parts.append(f"ETA {duration(eta)}")
     return " | ".join(parts)
+
+
+def window_metrics(fetched: list[dict]) -> dict[str, float]:
+    """Per-token loss, nll, perplexity and accuracy over training steps' fetched metrics (their sums
+    over their tokens, not a mean of per-step means), the last one's learning rate, the tokens."""
+    sums = {k: sum(float(m[k]) for m in fetched) for k in fetched[0] if k != "learning_rate"}
+    return {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}

@@ -135,16 +135,10 @@ def split_lines(data: bytes, where: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def remove_tree(directory: PathLike) -> None:
-    """Remove a directory and everything in it (a local path or a URL); nothing if it is absent."""
-    path = as_path(directory)
-    if path.exists():
-        path.rmtree()
-
-
-def check_workdir(workdir: PathLike) -> None:
-    """Refuse, in one sentence, a workdir that is a file or lies under one."""
-    path = as_path(workdir)
+def check_workdir(workdir: Workdir) -> None:
+    """Refuse, in one sentence, a workdir that is a file or lies under one (once per command, as
+    its --workdir flag becomes a `Workdir`: `fxformer.cli.workdir`)."""
+    path = workdir.root
     for candidate in (path, *path.parents):
         if candidate.exists():
             if not candidate.is_dir():
@@ -156,11 +150,10 @@ def check_workdir(workdir: PathLike) -> None:
 COMMIT_FILE = "commit_success.txt"  # orbax's mark of a finished save where it cannot rename (GCS)
 
 
-def complete_steps(directory: PathLike) -> list[int]:
+def complete_steps(directory: epath.Path) -> list[int]:
     """The steps of an orbax directory whose saves finished: on a local disk an unfinished one is
     still named `<step>.orbax-checkpoint-tmp...`; on GCS orbax writes `<step>/` in place and marks
     it finished with `commit_success.txt`. [] if the directory is absent."""
-    directory = as_path(directory)
     if not directory.exists():
         return []
     steps = [p for p in directory.iterdir() if p.name.isdigit()]
@@ -309,10 +302,10 @@ class Workdir:
         return self.root / "run.json"
 
     def removed(self) -> bool:
-        """Whether the workdir of a running training was removed: train writes config.json and
-        tokenizer.model before its first step and keeps both, so a workdir that lacks both was
-        removed under it (what is there now, the run's own later writes recreated)."""
-        return not self.config.exists() and not self.tokenizer.exists()
+        """Whether the workdir of a running training was removed: every process of a run finds
+        tokenizer.model there before its first step and never writes it again, so a workdir that
+        lacks it was removed under the run (what is there now, the run's own later writes recreated)."""
+        return not self.tokenizer.exists()
 
     def forget_training(self) -> None:
         """Remove what training writes here besides config.json and tokenizer.model (checkpoints,

@@ -21,7 +21,6 @@ process 0 alone writes the translations.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -43,25 +42,12 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
     return "".join(text + "\n" for text in out)
 
 
-@contextlib.contextmanager
-def output_kept_apart():
-    """Standard output's file descriptor pointed at stderr while the work runs, so that nothing a
-    library prints there (gloo's connection lines on a CPU cluster) lands among the translations."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def translated_lines(args, lines: list[str]) -> tuple[inference.Restored, dict[int, list[tuple[str, float]]]]:
+def translated_lines(
+    args, workdir: paths.Workdir, lines: list[str]
+) -> tuple[inference.Restored, dict[int, list[tuple[str, float]]]]:
     """The run restored, and the translations of the non-blank `lines` by their numbers."""
     log = cli.log_to_stderr
-    run = inference.restore(args.workdir, args.step, args.average_last, args.overrides, log)
+    run = inference.restore(workdir, args.step, args.average_last, args.overrides, log)
     log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
     todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
     if not todo:
@@ -88,13 +74,10 @@ def main() -> None:
             raise UserError("Standard input is closed; give --input=FILE or pipe the sentences in.")
         data = sys.stdin.buffer.read()
     else:
-        try:
-            data = paths.as_path(args.input).read_bytes()
-        except OSError as e:
-            raise UserError(f"Cannot read --input '{args.input}': {e.strerror or e}.") from None
+        data = cli.read_flag_file("input", args.input)
     lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
-    with output_kept_apart():
-        run, translated = translated_lines(args, lines)
+    workdir = cli.workdir(args.workdir)
+    run, translated = translated_lines(args, workdir, lines)  # the standard output holds them alone (`cli.run`)
     if jax.process_index() != 0:  # every process has every translation; one copy is written
         return
     try:

@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -153,6 +154,17 @@ def env_with_devices(n):
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
 
 
+def run_module(module: str, *flags, devices: int = 1, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m <module> <flags>` on `devices` fake CPU devices (`stdin` its input), run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *flags],
+        env=env_with_devices(devices),
+        capture_output=True,
+        text=True,
+        input=stdin,
+    )
+
+
 def cluster_flags(port: int, i: int) -> list[str]:
     """The flags that make an fxformer command process `i` of 2 on a loopback coordinator at `port`."""
     return [f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"]
@@ -183,6 +195,25 @@ def on_two_processes(argv, timeout_s: float = 300, stdin: str | None = None) -> 
         out, err = p.communicate(input=stdin, timeout=timeout_s)
         ended.append((p.returncode, out, err))
     return ended
+
+
+# What gloo (JAX's CPU collectives) writes from its own threads as a cluster connects, digits as N.
+# Other writes cut it into fragments ("3 peer ranks. Expected number of connected peer ranks is : 3").
+GLOO_LINE = "[Gloo] Rank N is connected to N peer ranks. Expected number of connected peer ranks is : N"
+
+
+def own_lines(output: str) -> list[str]:
+    """A command's non-blank output lines, less a library's: any that is gloo's connection line,
+    whole or a fragment of it. fxformer's commands keep these off their standard output; a test
+    of a multi-process command reads its output through this all the same."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    return [line for line in lines if not is_gloo(line)]
+
+
+def is_gloo(line: str) -> bool:
+    """Whether `line` is gloo's connection line or a piece of it (of a few characters at least)."""
+    text = re.sub(r"\d+", "N", line.strip())
+    return len(text) >= 5 and text in GLOO_LINE
 
 
 def ended(process: subprocess.Popen, timeout_s: float = 120) -> tuple[int, str, str]:
@@ -226,8 +257,8 @@ def logged(workdir, key="loss"):
 def final_params(workdir, devices=1):
     """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
     code = (
-        "import sys, numpy as np, jax; from fxformer import inference; "
-        "r = inference.restore(sys.argv[1], average_last=1); params, mesh = r.params, r.mesh; "
+        "import sys, numpy as np, jax; from fxformer import inference, paths; "
+        "r = inference.restore(paths.Workdir(sys.argv[1]), average_last=1); params, mesh = r.params, r.mesh; "
         "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
         "np.savez(sys.argv[2], **flat); print(r.steps, len(mesh.devices.flat))"
     )

@@ -1,7 +1,7 @@
 """Workdir configs written by older code still train, evaluate and translate.
 
 tests/fixtures/config-issue21.json is the config.json a tiny run wrote before the config had one
-home (issue 21); config-early.json is the same run as written before the `decode` section and
+home; config-early.json is the same run as written before the `decode` section and
 the fields added since (beam_size, alpha and max_decode_extra at top level; no
 divergence_factor, train_minutes, best_metric, early_stopping_patience, dev BLEU, the text
 dataset's separate files, model.attention_impl). Their `data.tfds_data_dir` is set to the
@@ -22,7 +22,7 @@ import pytest
 from conftest import env_with_devices
 
 from configs import base
-from fxformer import config, configfile
+from fxformer import config, configfile, paths
 from fxformer.errors import UserError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -99,12 +99,12 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
 
 def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_since():
     written = fixture("config-issue21.json")
-    since = {"workers": 0, "device_prefetch": 0, "train_pairs": 0}  # issue 36's input pipeline; a text subset
+    since = {"workers": 0, "device_prefetch": 0, "train_pairs": 0}  # the stored-ids input pipeline; a text subset
     assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == {
         **written,
         "data": {**written["data"], **since},
-        "loss_chunk_tokens": 0,  # issue 33's chunked loss
-        "early_stopping_min_delta": 0.0,  # issue 32's plateau with a smallest improvement
+        "loss_chunk_tokens": 0,  # the chunked loss
+        "early_stopping_min_delta": 0.0,  # the plateau with a smallest improvement
     }
 
 
@@ -275,7 +275,7 @@ EDITS = [  # (an edit of config.json, the words of its refusal)
 def test_a_hand_edited_workdir_config_is_refused_naming_the_file_and_the_key(edit, words, tmp_path):
     workdir = written_workdir(tmp_path, edit)
     with pytest.raises(UserError) as refused:
-        config.load_workdir_config(workdir)
+        config.load_workdir_config(paths.Workdir(workdir))
     message = str(refused.value)
     assert message.startswith(f"In {workdir / 'config.json'}, {words}"), message
     assert message.endswith("; correct that file, which records the run's config.") and "\n" not in message
@@ -296,7 +296,7 @@ def test_a_run_trained_before_two_checks_still_loads_and_a_decode_override_repai
     gives room, and training with that combination from the command line is refused."""
     edits = {"best_metric": "", "early_stopping_patience": 3, "model.max_len": 48, "data.max_length": 32}
     workdir = written_workdir(tmp_path, lambda written: [set_field(k, v)(written) for k, v in edits.items()])
-    stored = config.load_workdir_config(workdir)
+    stored = config.load_workdir_config(paths.Workdir(workdir))
     assert stored.early_stopping_patience == 3 and stored.decode.max_extra == 50 and stored.model.max_len == 48
     with pytest.raises(UserError, match=re.escape("decode.max_extra (50) must be below model.max_len (48)")) as e:
         configfile.apply_decode_overrides(stored.copy_and_resolve_references(), [], workdir)
@@ -316,7 +316,7 @@ def test_every_check_of_validate_holds_for_a_workdirs_config(overrides, message,
     edit = lambda written: [set_field(key, value)(written) for key, value in overrides.items()]  # noqa: E731
     workdir = written_workdir(tmp_path, edit, resolved=False)  # d_k, d_v 0: d_model / h, checked as such
     with pytest.raises(UserError, match=re.escape(f"In {workdir / 'config.json'}, ")) as refused:
-        config.load_workdir_config(workdir)
+        config.load_workdir_config(paths.Workdir(workdir))
     assert message[:1].lower() + message[1:].rstrip(".") in str(refused.value)
 
 
@@ -335,15 +335,15 @@ def test_configs_written_by_older_code_pass_the_checks(name, tmp_path):
     workdir.mkdir()
     (workdir / "config.json").write_text((FIXTURES / name).read_text())
     assert (
-        config.load_workdir_config(workdir).to_dict()
+        config.load_workdir_config(paths.Workdir(workdir)).to_dict()
         == config.upgrade(ml_collections.ConfigDict(fixture(name))).to_dict()
     )
 
 
 def test_every_config_resolves_to_the_values_it_had_before_the_schema_moved_into_the_library():
     """tests/fixtures/configs-resolved.json: every config (default, base, big, multi30k, each Table 3
-    row in each profile) as it resolved while the defaults lived in configs/base.py (issue 35);
-    multi30k's entry since as its recipe was frozen after pilot P3 (issue 31), with the length
+    row in each profile) as it resolved while the defaults lived in configs/base.py;
+    multi30k's entry since as its recipe was frozen after pilot P3, with the length
     penalty P5 re-chose on val (alpha 1.5). Fields added since
     (`loss_chunk_tokens`) are compared at their defaults, as `config.upgrade` gives them to an old run."""
     before = json.loads((Path(__file__).parent / "fixtures" / "configs-resolved.json").read_text())

@@ -13,6 +13,7 @@ import pytest
 from conftest import left_as_is, small_config
 from tensorflow_datasets.translate import wmt14
 
+from fxformer import paths
 from fxformer.config import validate
 from fxformer.data import corpora, packing, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
@@ -276,7 +277,7 @@ def test_wmt14_path_produces_batches_from_generated_data(tmp_path):
     config = small_config(tmp_path, dataset="wmt14_translate/de-en", vocab_size=100, tokenizer_sentences=600)
     builder = corpora.prepare(config.data)  # the registered tfds builder, reading what is on disk
     assert type(builder).__name__ == "Wmt14Translate" and builder.info.supervised_keys == ("de", "en")
-    tokenizer = tokenizer_for(config.data, builder, tmp_path / "work")
+    tokenizer = tokenizer_for(config.data, builder, paths.Workdir(tmp_path / "work"))
     assert (tmp_path / "work" / "tokenizer.model").exists()
     ids = token_ids(config.data, builder, tokenizer, log=lambda *a: None)
     batch = next(iter(pipeline.train_dataset(ids, config.data, 8, seed=0)[0]))

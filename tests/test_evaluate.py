@@ -8,28 +8,19 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import cluster_flags, cut_short, env_with_devices, left_as_is, on_two_processes
+from conftest import cluster_flags, cut_short, is_gloo, left_as_is, on_two_processes, own_lines
+from conftest import run_module as run
 
-from fxformer import checkpoint, exitcodes, parallel, trainstate
+from fxformer import checkpoint, exitcodes, parallel, paths, trainstate
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora
 from fxformer.data.tokenizer import Tokenizer
 
 
-def run(module, *args, devices=1, stdin=None):
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=env_with_devices(devices),
-        capture_output=True,
-        text=True,
-        input=stdin,
-    )
-
-
 @pytest.mark.slow
 def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
     workdir = eight_device_workdir
-    config = load_workdir_config(workdir)
+    config = load_workdir_config(paths.Workdir(workdir))
     vocab = Tokenizer(workdir / "tokenizer.model").vocab_size
     mesh = parallel.data_mesh()
     _, _, abstract_state = trainstate.build(config, vocab, mesh)
@@ -49,11 +40,11 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
 
 @pytest.mark.slow
 def test_a_saved_average_is_not_reused_once_one_of_its_checkpoints_is_written_again(eight_device_workdir, tmp_path):
-    from fxformer import inference, paths
+    from fxformer import inference
 
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
-    config = load_workdir_config(workdir)
+    config = load_workdir_config(paths.Workdir(workdir))
     _, _, abstract_state = trainstate.build(
         config, Tokenizer(workdir / "tokenizer.model").vocab_size, parallel.data_mesh()
     )
@@ -126,6 +117,32 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
 
 
 @pytest.mark.slow
+def test_evaluate_reads_the_runs_config_once_and_keeps_the_decode_options_once(
+    eight_device_workdir, tmp_path, monkeypatch
+):
+    from fxformer import evaluate
+
+    workdir = paths.Workdir(tmp_path / "w")
+    shutil.copytree(eight_device_workdir, workdir.root)
+    reads = []
+    read_text = type(workdir.config).read_text
+
+    def counted(path, *args, **kwargs):
+        if path.name == "config.json":
+            reads.append(str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(workdir.config), "read_text", counted)
+    alpha = [("decode.alpha", "1.5")]
+    results = evaluate.evaluate(workdir, "test", 20, 1, alpha, limit=4, log=lambda *a, **k: None)
+    assert reads == [str(workdir.config)]  # once, for the restore and the result's name alike
+    assert results["path"] == str(workdir.eval / "test-20-alpha=1.5-first4.json")
+    written = json.loads((workdir.eval / "test-20-alpha=1.5-first4.json").read_text())
+    assert written["decode"]["alpha"] == 1.5 and written["decode"]["beam_size"] == 4
+    assert "alpha" not in written and "beam_size" not in written  # the decode options, held once
+
+
+@pytest.mark.slow
 def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
     lines = "The dog sees the man.\nToday the woman buys a book.\n"
     outputs = []
@@ -175,8 +192,9 @@ def test_evaluate_and_attention_maps_on_two_processes_print_their_results_once(e
         shutil.rmtree(workdir / "averaged", ignore_errors=True)  # averaged again, and said so again
         ended = on_two_processes(lambda port, i: [*command, *cluster_flags(port, i)])  # noqa: B023
         assert [status for status, _, _ in ended] == [0, 0], ended[0][2][-3000:] + ended[1][2][-3000:]
-        said = [[line for line in out.splitlines() if line and not line.startswith("[Gloo]")] for _, out, _ in ended]
-        assert said == [alone.stdout.splitlines(), []], module  # the lone process's report, once (and gloo's lines)
+        assert not [line for _, out, _ in ended for line in out.splitlines() if is_gloo(line)]  # kept off stdout
+        said = [own_lines(out) for _, out, _ in ended]
+        assert said == [own_lines(alone.stdout), []], module  # the lone process's report, once
         assert alone.stdout.count("perplexity" if module == "fxformer.evaluate" else "translation: ") == 1
 
 

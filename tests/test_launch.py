@@ -46,9 +46,32 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"dry-run output differs from {path} (see this file's docstring)"
 
 
+# The dry runs' clusters: a v4-32 TPU slice (4 workers), two SLURM nodes of 8 GPUs
+TPU_4_WORKERS = ("--backend=tpu", "--tpu=my-v4-32", "--zone=us-central2-b", "--workers=4", "--dry-run")
+SLURM_2X8 = ("--backend=slurm", "--nodes=2", "--gpus_per_node=8", "--time=24:00:00", "--dry-run")
+
+
+def golden_dry_run(name: str, *argv: str, capsys=None) -> tuple[str, str]:
+    """`python -m experiments <argv>` (a dry run), its exit status 0 and its output the golden file
+    `name` (the commit a TPU launch syncs written <commit>): its (stdout, stderr). With `capsys` it
+    runs in this process, where a fake bucket sees what it would write; else as a command."""
+    if capsys is None:
+        result = experiments(*argv)
+        status, out, err = result.returncode, result.stdout, result.stderr
+    else:
+        status = experiments_main.main(list(argv))
+        out, err = capsys.readouterr()
+    assert status == 0, err
+    if "--backend=tpu" in argv:
+        out = out.replace(head_commit(), "<commit>")
+    check_golden(name, out)
+    return out, err
+
+
 @pytest.mark.slow
 def test_tpu_dry_run_matches_golden_file():
-    result = experiments(
+    text, _ = golden_dry_run(
+        "launch_tpu_4_workers.txt",
         "launch",
         "--backend=tpu",
         "--tpu=my-v4-32",
@@ -61,9 +84,6 @@ def test_tpu_dry_run_matches_golden_file():
         "--config=configs/base.py",
         "--workdir=gs://bucket/runs/base",
     )
-    assert result.returncode == 0, result.stderr
-    text = result.stdout.replace(head_commit(), "<commit>")
-    check_golden("launch_tpu_4_workers.txt", text)
     runs = [line for line in text.splitlines() if "experiments.worker" in line]
     assert [f"--worker={i} " in line for i, line in enumerate(runs)] == [True] * 4
     for i, line in enumerate(runs):  # the flags reach fxformer.train unchanged, the URL intact, with --distributed
@@ -95,7 +115,8 @@ def test_tpu_dry_run_without_worker_count_asks_gcloud_in_the_script():
 
 @pytest.mark.slow
 def test_slurm_dry_run_matches_golden_file():
-    result = experiments(
+    out, _ = golden_dry_run(
+        "launch_slurm_2x8.txt",
         "launch",
         "--backend=slurm",
         "--nodes=2",
@@ -108,9 +129,7 @@ def test_slurm_dry_run_matches_golden_file():
         "--config=configs/base.py",
         "--workdir=/shared/runs/base",
     )
-    assert result.returncode == 0, result.stderr
-    check_golden("launch_slurm_2x8.txt", result.stdout)
-    assert "srun " in result.stdout and "--requeue" in result.stdout and "scontrol requeue" in result.stdout
+    assert "srun " in out and "--requeue" in out and "scontrol requeue" in out
 
 
 @pytest.mark.slow

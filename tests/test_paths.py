@@ -53,8 +53,9 @@ def test_paths_keep_urls_and_expand_home():
 def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypatch, tmp_path, data_dir, corpus):
     config = with_overrides(small_config(data_dir), {**TINY, "num_train_steps": 4, "checkpoint_every_steps": 2})
     monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
-    train.train_and_evaluate(config, "gs://bucket/runs/tiny", log=lambda *a, **k: None)
-    results = evaluate.evaluate("gs://bucket/runs/tiny", split="test", limit=8, average_last=2, log=lambda *a: None)
+    run = paths.Workdir("gs://bucket/runs/tiny")
+    train.train_and_evaluate(config, run, log=lambda *a, **k: None)
+    results = evaluate.evaluate(run, split="test", limit=8, average_last=2, log=lambda *a: None)
 
     assert fake_gcs == [
         "gs://bucket/runs/tiny/checkpoints",

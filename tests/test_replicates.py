@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import left_as_is
 from scipy import stats as scipy_stats
-from test_launch import check_golden, head_commit
+from test_launch import SLURM_2X8, TPU_4_WORKERS, golden_dry_run
 from test_sweep import LONGER, experiments, losses, started_until_checkpoint, stopped, sweep_command
 
 from experiments import __main__ as experiments_main
@@ -519,18 +519,16 @@ def test_seeds_change_the_data_order_init_and_dropout_and_the_same_seed_repeats(
 def replicated(tmp_path_factory, data_dir):
     """base and B1 of the smoke profile with 2 seeds each, one run at a time: (root, output)."""
     root = tmp_path_factory.mktemp("replicated") / "t3"
+    return root, two_seeds_of_base_and_b1(root, data_dir, "--backend=local")
+
+
+def two_seeds_of_base_and_b1(root: Path, data_dir, *flags: str):
+    """`run` of the smoke profile's base and B1 with 2 seeds each into `root`, and `flags`: its output."""
     result = experiments(
-        "run",
-        "table3",
-        f"--root={root}",
-        "--profile=smoke",
-        "--only=base,B1",
-        "--seeds=2",
-        "--backend=local",
-        data_dir=data_dir,
+        "run", "table3", f"--root={root}", "--profile=smoke", "--only=base,B1", "--seeds=2", *flags, data_dir=data_dir
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return root, result
+    return result
 
 
 @pytest.mark.slow
@@ -587,17 +585,7 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
 def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_path, data_dir):
     root, _ = replicated
     side = tmp_path / "t3"
-    result = experiments(
-        "run",
-        "table3",
-        f"--root={side}",
-        "--profile=smoke",
-        "--only=base,B1",
-        "--seeds=2",
-        "--parallel=2",
-        data_dir=data_dir,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    two_seeds_of_base_and_b1(side, data_dir, "--parallel=2")
     for name in ("base", "base.s1", "B1", "B1.s1"):
         assert losses(side / name) == losses(root / name), name
     spans = {}  # when each run's lease was taken and when its evaluation was written
@@ -613,24 +601,11 @@ def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_pat
 
 
 def test_tpu_dry_run_of_a_replicated_row_matches_golden_file(fake_bucket, capsys):
-    status = experiments_main.main(
-        [
-            "run",
-            "table3",
-            "--root=gs://bucket/table3",
-            "--only=B1",
-            "--seeds=2",
-            "--backend=tpu",
-            "--tpu=my-v4-32",
-            "--zone=us-central2-b",
-            "--workers=4",
-            "--dry-run",
-        ]
+    text, _ = golden_dry_run(
+        "sweep_table3_B1_seeds2_tpu.txt",
+        *("run", "table3", "--root=gs://bucket/table3", "--only=B1", "--seeds=2", *TPU_4_WORKERS),
+        capsys=capsys,
     )
-    out = capsys.readouterr()
-    assert status == 0, out.err
-    text = out.out.replace(head_commit(), "<commit>")
-    check_golden("sweep_table3_B1_seeds2_tpu.txt", text)
     assert "--workdir=gs://bucket/table3/B1.s1 --config.seed=1 --config.data.shuffle_seed=1" not in text
     assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=gs://bucket/table3/B1.s1" in text
     assert not fake_bucket.store
@@ -638,21 +613,11 @@ def test_tpu_dry_run_of_a_replicated_row_matches_golden_file(fake_bucket, capsys
 
 @pytest.mark.slow
 def test_slurm_dry_run_of_a_replicated_row_matches_golden_file():
-    result = experiments(
-        "run",
-        "table3",
-        "--root=/shared/table3",
-        "--only=B1",
-        "--seeds=2",
-        "--backend=slurm",
-        "--nodes=2",
-        "--gpus_per_node=8",
-        "--time=24:00:00",
-        "--dry-run",
+    out, _ = golden_dry_run(
+        "sweep_table3_B1_seeds2_slurm.txt",
+        *("run", "table3", "--root=/shared/table3", "--only=B1", "--seeds=2", *SLURM_2X8),
     )
-    assert result.returncode == 0, result.stderr
-    check_golden("sweep_table3_B1_seeds2_slurm.txt", result.stdout)
-    assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=/shared/table3/B1.s1" in result.stdout
+    assert "--config.seed=1 --config.data.shuffle_seed=1 --workdir=/shared/table3/B1.s1" in out
 
 
 def test_the_plateau_note_leads_with_the_common_criterion_and_names_the_others():

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cut_short, env_with_devices, left_as_is, run_train, snapshot, train_command
+from conftest import cut_short, env_with_devices, is_gloo, left_as_is, own_lines, run_train, snapshot, train_command
 
-from fxformer import cli, configfile, exitcodes, plot, train
+from fxformer import cli, configfile, exitcodes, lifecycle, plot
 from fxformer.config import with_overrides
 from fxformer.errors import UserError
 
@@ -104,18 +104,18 @@ def test_d_k_and_d_v_follow_d_model_and_heads_unless_set():
 
 
 def test_divergence_watch():
-    watch = train.DivergenceWatch(4.0, vocab_size=1000)  # ceiling 3 ln 1000 = 20.7
+    watch = lifecycle.DivergenceWatch(4.0, vocab_size=1000)  # ceiling 3 ln 1000 = 20.7
     assert watch.first_bad([7.0, 5.0, 3.0, 2.5, 4.0]) is None  # healthy, noisy
     assert watch.first_bad([2.6, 11.0])[0] == 1  # 4.4 x the best 2.5
-    assert train.DivergenceWatch(4.0, 1000).first_bad([6.9, 6e10])[0] == 1  # from the first steps
-    assert train.DivergenceWatch(4.0, 1000).first_bad([0.2, 0.9]) is None  # 4.5x, but within 2 nats
-    assert train.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
+    assert lifecycle.DivergenceWatch(4.0, 1000).first_bad([6.9, 6e10])[0] == 1  # from the first steps
+    assert lifecycle.DivergenceWatch(4.0, 1000).first_bad([0.2, 0.9]) is None  # 4.5x, but within 2 nats
+    assert lifecycle.DivergenceWatch(0.0, 1000).first_bad([1.0, 1e9, math.nan]) == (2, "became non-finite")
     # a resumed run compares with the best loss logged up to its resume step, not with its own first steps
     logged = [{"step": 50, "loss": 6.0}, {"step": 100, "loss": 2.4, "dev_loss": 9.0}, {"step": 150, "loss": 1.0}]
-    resumed = train.DivergenceWatch(4.0, 1000, logged, resume_step=100)
+    resumed = lifecycle.DivergenceWatch(4.0, 1000, logged, resume_step=100)
     assert resumed.best == 2.4  # step 150 lies past the resume: it is retrained
     assert resumed.first_bad([11.0]) == (0, "exploded to 11 per token (best so far 2.4)")
-    assert train.DivergenceWatch(4.0, 1000).first_bad([11.0]) is None  # what a resume saw before
+    assert lifecycle.DivergenceWatch(4.0, 1000).first_bad([11.0]) is None  # what a resume saw before
 
 
 def test_runs_overlaid_by_plot_are_labelled_by_as_much_of_their_paths_as_tells_them_apart():
@@ -344,3 +344,44 @@ def test_translate_with_a_closed_stdin_or_stdout_says_so_before_any_work(closed,
         text=True,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr and words in result.stderr, result.stderr
+
+
+def test_the_output_check_passes_over_gloo_lines_whole_and_in_fragments():
+    out = "\n".join(
+        [
+            "test: 5 sentences, checkpoint step(s) [10, 20]",
+            "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3",
+            "3 peer ranks. Expected number of connected peer ranks is : 3",  # what another write left of one
+            "[Gloo] Rank 0 is connected to ",
+            "",
+            "perplexity (per wordpiece): 3.214",
+            "7",  # a line of the command's own, however short
+        ]
+    )
+    assert own_lines(out) == [
+        "test: 5 sentences, checkpoint step(s) [10, 20]",
+        "perplexity (per wordpiece): 3.214",
+        "7",
+    ]
+    assert is_gloo("is : 12") and not is_gloo("perplexity (per wordpiece): 3.214")
+
+
+NATIVE_WRITES = """
+import os
+from fxformer import cli
+
+def main():
+    print("result 1", flush=True)
+    os.write(1, b"[Gloo] Rank 1 is connected to 1 peer ranks. ")  # a native library's write, cut short
+    print("result 2")
+    os.write(1, b"Expected number of connected peer ranks is : 1\\n")
+
+cli.run(main)
+"""
+
+
+def test_a_command_keeps_what_native_libraries_write_off_its_standard_output():
+    result = subprocess.run([sys.executable, "-c", NATIVE_WRITES], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "result 1\nresult 2\n"  # fxformer's own lines alone
+    assert "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number" in result.stderr  # beside the others

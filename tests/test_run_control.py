@@ -5,11 +5,10 @@ averaged checkpoints, its metrics across a resume."""
 import json
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import env_with_devices, left_as_is, logged, run_train, snapshot, train_command
+from conftest import env_with_devices, left_as_is, logged, run_module, run_train, snapshot, train_command
 
 from fxformer import exitcodes, paths, tokens
 from fxformer.data import pipeline
@@ -36,12 +35,7 @@ def test_a_finite_explosion_after_resume_stops_and_keeps_the_checkpoint_before_i
     assert 20 in [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     after = final_params(workdir)
     assert all((good[k] == after[k]).all() for k in good)
-    evaluated = subprocess.run(
-        [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=20", "--limit=5"],
-        env=env_with_devices(1),
-        capture_output=True,
-        text=True,
-    )
+    evaluated = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=20", "--limit=5")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 
@@ -80,16 +74,8 @@ def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(
     assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == [4, 8, 12, 13], saved
-    evaluate = [
-        sys.executable,
-        "-m",
-        "fxformer.evaluate",
-        f"--workdir={workdir}",
-        "--average_last=3",
-        "--limit=8",
-        "--config.decode.strategy=greedy",
-    ]
-    result = subprocess.run(evaluate, env=env_with_devices(1), capture_output=True, text=True)
+    flags = ("--average_last=3", "--limit=8", "--config.decode.strategy=greedy")
+    result = run_module("fxformer.evaluate", f"--workdir={workdir}", *flags)
     assert result.returncode == 0, result.stderr[-2000:]
     steps = json.loads(next((workdir / "eval").glob("test-*.json")).read_text())["checkpoint_steps"]
     assert steps == [4, 8, 13]  # 12 is 1 step from 13: passed over, and said so
@@ -107,19 +93,13 @@ def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, d
     dev = logged(workdir, "dev_ppl")
     best_step = min(dev, key=dev.get)
     assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
-    command = [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation"]
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    result = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation")
     assert result.returncode == 0, result.stderr[-2000:]
     written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
     assert written["checkpoint_steps"] == [best_step]
     assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
     with left_as_is(workdir):
-        bad = subprocess.run(
-            [sys.executable, "-m", "fxformer.evaluate", f"--workdir={workdir}", "--step=last"],
-            env=env_with_devices(1),
-            capture_output=True,
-            text=True,
-        )
+        bad = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=last")
     assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
 
 
@@ -180,21 +160,22 @@ def test_a_resume_before_the_best_checkpoint_still_counts_the_evaluations_logged
     kept.close()
 
 
+def trained_to_a_plateau(workdir, data_dir, **early_stopping) -> tuple[list[str], subprocess.CompletedProcess]:
+    """A run of 200 steps evaluated on dev every 2, which `early_stopping` ends early: (its
+    command, its output)."""
+    command = train_command(workdir, data_dir, num_train_steps=200, eval_every_steps=2, **early_stopping)
+    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+    return command, result
+
+
 @pytest.mark.slow
 def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, data_dir, corpus):
     workdir = tmp_path / "w"
     # a learning rate so small that dev perplexity barely moves: with a tiny patience it stops
-    command = train_command(
-        workdir,
-        data_dir,
-        num_train_steps=200,
-        eval_every_steps=2,
-        learning_rate_scale=1e-9,
-        early_stopping_patience=1,
-        best_metric="dev_accuracy",
+    command, result = trained_to_a_plateau(
+        workdir, data_dir, learning_rate_scale=1e-9, early_stopping_patience=1, best_metric="dev_accuracy"
     )
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
-    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
     assert "early stopping" in result.stdout
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
@@ -214,17 +195,9 @@ def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_
     workdir = tmp_path / "w"
     # early_stopping_min_delta 0.99: only a 100-fold drop of dev perplexity would count, so the
     # plateau is reached at the third evaluation (step 6), whatever the run learns
-    command = train_command(
-        workdir,
-        data_dir,
-        num_train_steps=200,
-        eval_every_steps=2,
-        early_stopping_patience=2,
-        early_stopping_min_delta=0.99,
-        best_metric="dev_ppl",
+    _, result = trained_to_a_plateau(
+        workdir, data_dir, early_stopping_patience=2, early_stopping_min_delta=0.99, best_metric="dev_ppl"
     )
-    result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
-    assert result.returncode == exitcodes.OK, result.stderr[-2000:]
     assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping)" in result.stdout
     ppl = logged(workdir, "dev_ppl")
     assert list(ppl) == [2, 4, 6]
@@ -258,16 +231,8 @@ def test_dev_bleu_during_training_selects_the_best_checkpoint_and_evaluate_agree
     assert list(logged(workdir, "dev_ppl")) == [60, 120]  # each at its own interval
     best_step = max(bleu, key=bleu.get)
     assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
-    command = [
-        sys.executable,
-        "-m",
-        "fxformer.evaluate",
-        f"--workdir={workdir}",
-        "--step=best",
-        "--split=validation",
-        "--limit=24",
-    ]
-    evaluated = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
+    flags = ("--step=best", "--split=validation", "--limit=24")
+    evaluated = run_module("fxformer.evaluate", f"--workdir={workdir}", *flags)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     written = _json.loads((workdir / "eval" / f"validation-{best_step}-best-first24.json").read_text())
     assert written["bleu"] == pytest.approx(bleu[best_step], abs=1e-6) and bleu[best_step] > 0
@@ -286,7 +251,7 @@ def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
 
     lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', '{"step": 2, "loss": 1.5}', '{"step": "x"}', '{"step": 9']
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    writer = MetricWriter(tmp_path, resume_step=2)
+    writer = MetricWriter(paths.Workdir(tmp_path), resume_step=2)
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
     assert writer.last() == {"step": 2, "loss": 1.5}

@@ -17,6 +17,7 @@ from conftest import (
     cluster_flags,
     env_with_devices,
     final_params,
+    is_gloo,
     logged,
     on_two_processes,
     run_train,
@@ -26,7 +27,7 @@ from conftest import (
 )
 from jax.sharding import AxisType, Mesh
 
-from fxformer import exitcodes, optim, parallel, train, trainstate
+from fxformer import exitcodes, metrics, optim, parallel, train, trainstate
 from fxformer.config import with_overrides
 from fxformer.data import pipeline
 from fxformer.model import Transformer, TransformerConfig
@@ -208,11 +209,11 @@ def test_logged_and_console_losses_are_their_steps_sums_over_their_tokens():
         {"loss": 6.0, "nll": 5.0, "correct": 1.0, "tokens": 2.0, "learning_rate": 1e-3},
         {"loss": 30.0, "nll": 20.0, "correct": 4.0, "tokens": 8.0, "learning_rate": 2e-3},
     ]
-    shown = train.window_metrics(steps)
+    shown = metrics.window_metrics(steps)
     assert shown["loss"] == pytest.approx(3.6) and shown["nll"] == pytest.approx(2.5)
     assert shown["ppl"] == pytest.approx(math.exp(2.5)) and shown["accuracy"] == pytest.approx(0.5)
     assert shown["learning_rate"] == 2e-3 and shown["tokens"] == 10.0
-    assert train.window_metrics(steps[1:])["loss"] == pytest.approx(30.0 / 8.0)  # one step: its own mean
+    assert metrics.window_metrics(steps[1:])["loss"] == pytest.approx(30.0 / 8.0)  # one step: its own mean
 
 
 # Adam's epsilon for comparing two ways of computing the same step: with the paper's 1e-9, a
@@ -385,6 +386,7 @@ def test_two_processes_train_like_one_process_with_four_devices(tmp_path, data_d
     for status, _, stderr in ended:
         assert status == 0, stderr[-3000:]
     assert "4 devices (cpu) in 2 process(es)" in ended[0][1]
+    assert not [line for _, out, _ in ended for line in out.splitlines() if is_gloo(line)]  # gloo's: on stderr
     a, b = logged(single), logged(multi)
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for step in a:

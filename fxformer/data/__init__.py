@@ -1,4 +1,6 @@
-"""Corpora (TFDS builders), the shared sentencepiece tokenizer and the grain pipeline."""
+"""The data: corpora (TFDS builders), the shared sentencepiece tokenizer, the token ids stored
+once beside each dataset (`tokenized`), and the grain pipeline that shuffles, filters and packs
+them into training rows (`pipeline`, `packing`); training never reads text."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from fxformer.data.tokenizer import Tokenizer, cached_tokenizer
 
 
 def tokenizer_for(
-    data: ml_collections.ConfigDict, builder, workdir: paths.PathLike | None = None, log=print
+    data: ml_collections.ConfigDict, builder, workdir: paths.Workdir | None = None, log=print
 ) -> Tokenizer:
     """The dataset's shared BPE model: trained once beside the dataset, then copied into `workdir`.
 
     A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
     """
-    if workdir is not None and (copy := paths.Workdir(workdir).tokenizer).exists():
+    if workdir is not None and (copy := workdir.tokenizer).exists():
         return Tokenizer(copy)
     source = corpora.data_source(builder, data.train_split)
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from fxformer import cli, paths
+from fxformer import cli
 from fxformer.config import validate
 from fxformer.data import baseline, corpora, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
@@ -61,13 +61,12 @@ def main() -> None:
     for flag in ("packing_batches", "baseline_pairs"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} must be at least 1, not {getattr(args, flag)}.")
-    if args.workdir:
-        paths.check_workdir(args.workdir)
+    workdir = cli.workdir(args.workdir) if args.workdir else None
     validate(config)
     data = config.data
     start = time.time()
     builder = corpora.prepare(data)
-    tokenizer = tokenizer_for(data, builder, args.workdir)
+    tokenizer = tokenizer_for(data, builder, workdir)
     print(f"dataset: {builder.name}/{builder.builder_config.name} in {builder.data_dir}")
     print(f"tokenizer: {tokenizer.path} ({tokenizer.vocab_size:,} pieces)")
 

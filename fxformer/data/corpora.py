@@ -192,9 +192,10 @@ def _text_config(data: ml_collections.ConfigDict) -> TextConfig:
         for field, value in zip(fields, given):
             if not value:
                 raise UserError(f"data.dataset='text' needs --config.data.{field}=<path> too.")
-            if paths.as_path(value).is_dir():
+            path = paths.as_path(value)
+            if path.is_dir():
                 raise UserError(f"data.{field} '{value}' is a directory; give the text file in it.")
-            if not paths.as_path(value).is_file():
+            if not path.is_file():
                 raise UserError(f"data.{field} '{value}' does not exist.")
         files.append((split, *(str(paths.absolute(v)) for v in given)))
     if len(files) == 2:

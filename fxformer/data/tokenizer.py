@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 from fxformer import paths
 from fxformer.errors import UserError
@@ -20,8 +21,8 @@ from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 class Tokenizer:
     """Text <-> ids with a sentencepiece model; `encode` appends EOS."""
 
-    def __init__(self, model_path: paths.PathLike):
-        self.path = paths.as_path(model_path)  # read through epath: a gs:// workdir's copy works too
+    def __init__(self, model_path: epath.Path):
+        self.path = model_path  # read through its path object: a gs:// workdir's copy works too
         try:
             self.sp = spm.SentencePieceProcessor(model_proto=self.path.read_bytes())
         except (OSError, RuntimeError):
@@ -50,14 +51,13 @@ class Tokenizer:
 
 
 def train_tokenizer(
-    sentences: Iterable[str], vocab_size: int, model_path: paths.PathLike, max_sentences: int, log=print
+    sentences: Iterable[str], vocab_size: int, model_path: epath.Path, max_sentences: int, log=print
 ) -> Tokenizer:
     """Train a BPE model on at most `max_sentences` sentences (source and target mixed).
 
     The sample is taken as it comes (the caller interleaves languages); progress is shown.
     `vocab_size` is a soft limit: a small corpus may yield fewer pieces.
     """
-    model_path = paths.as_path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     sample, start = [], time.time()
     last = start
@@ -93,20 +93,19 @@ def train_tokenizer(
 
 
 def cached_tokenizer(
-    cache_path: paths.PathLike,
+    cache_path: epath.Path,
     sentences_fn,
     vocab_size: int,
     max_sentences: int,
-    workdir: paths.PathLike | None = None,
+    workdir: paths.Workdir | None = None,
     log=print,
 ) -> Tokenizer:
     """The tokenizer at `cache_path`, trained there first if absent, and copied into `workdir`."""
-    cache_path = paths.as_path(cache_path)
     if not cache_path.exists():
         train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
     if workdir is None:
         return Tokenizer(cache_path)
-    local = paths.Workdir(workdir).tokenizer
+    local = workdir.tokenizer
     if not local.exists():
         local.parent.mkdir(parents=True, exist_ok=True)
         paths.write_atomic(local, cache_path.read_bytes())
