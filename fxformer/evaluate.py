@@ -6,8 +6,8 @@
 
 Restores onto the devices at hand, whatever count trained the run. Writes
 `W/eval/<split>-<step>[-avg<k>][-best][-<decode field>=<value>...][-first<n>].json` (bleu, bleu_lc
-(lowercased), chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's signature, the decode
-settings, ...) and the detokenized translations beside it (`.hyp.txt`, with `.ref.txt`).
+(lowercased), chrf, ppl, num_sentences, checkpoint_steps, sacreBLEU's signature, `decode`: the
+search's options, ...) and the detokenized translations beside it (`.hyp.txt`, with `.ref.txt`).
 `--config.decode.<field>=<value>` changes the search (strategy, beam_size, alpha, beam_variant,
 max_extra, ...; each one that differs from the trained run's is named in the file name, so that no
 search overwrites another's results); the model and data are the trained run's.
