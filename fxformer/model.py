@@ -327,17 +327,48 @@ def fused_attention(
         q_segments = kv_segments if same else even(mask.q_segments, q_len)
         mask = dataclasses.replace(mask, q_segments=q_segments, kv_segments=kv_segments)
         return fused_attention(query, key, value, mask, implementation, offsets)[:, :q_len]
+    if offsets and mask.packed:
+        return offsets_or_mask(query, key, value, mask, same)
     arguments = fused_mask_arguments(mask, query.shape[2])
+    return jax.nn.dot_product_attention(query, key, value, implementation=implementation, **arguments)
 
-    def with_mask() -> Array:
-        return jax.nn.dot_product_attention(query, key, value, implementation=implementation, **arguments)
 
-    if not (offsets and mask.packed):
-        return with_mask()
-    out, fits = segments.packed_cudnn_attention(
-        query, key, value, mask.q_segments, mask.kv_segments, mask.causal, self_attention=same
-    )
-    return jax.lax.cond(fits, lambda: out, with_mask)
+def offsets_or_mask(query: Array, key: Array, value: Array, mask: AttentionMask, same: bool) -> Array:
+    """cuDNN's attention over packed segments (`fxformer.kernels.segments`), or, for a batch with
+    a row the layout cannot hold, over the dense mask: chosen on the device by `lax.cond`, in the
+    forward and in the backward pass. Its own gradient, because `lax.cond` differentiated by JAX
+    makes the taken branch return zeros for the other branch's residuals, here a [b, h, q, k]
+    bias and copies of Q, K, V a call; the packed route's residuals are kept, the mask's route
+    recomputes its forward pass in the rare batch that takes it."""
+    causal = mask.causal
+
+    def masked(q, k, v, q_segments, kv_segments):
+        arguments = fused_mask_arguments(AttentionMask(q_segments, kv_segments, causal), q.shape[2])
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **arguments)
+
+    def packed(q_segments, kv_segments):
+        return lambda q, k, v: segments.packed_cudnn_attention(q, k, v, q_segments, kv_segments, causal, same)
+
+    @jax.custom_vjp
+    def attend(q, k, v, q_segments, kv_segments):
+        out, fits = packed(q_segments, kv_segments)(q, k, v)
+        return jax.lax.cond(fits, lambda: out, lambda: masked(q, k, v, q_segments, kv_segments))
+
+    def forward(q, k, v, q_segments, kv_segments):
+        out, pullback, fits = jax.vjp(packed(q_segments, kv_segments), q, k, v, has_aux=True)
+        out = jax.lax.cond(fits, lambda: out, lambda: masked(q, k, v, q_segments, kv_segments))
+        return out, (fits, pullback, q, k, v, q_segments, kv_segments)
+
+    def backward(residuals, g):
+        fits, pullback, q, k, v, q_segments, kv_segments = residuals
+
+        def with_mask():
+            return jax.vjp(lambda q, k, v: masked(q, k, v, q_segments, kv_segments), q, k, v)[1](g)
+
+        return (*jax.lax.cond(fits, lambda: pullback(g), with_mask), None, None)
+
+    attend.defvjp(forward, backward)
+    return attend(query, key, value, mask.q_segments, mask.kv_segments)
 
 
 def rows_per_example(x: Array, copies: int) -> Array:

@@ -337,3 +337,77 @@ def test_the_one_pass_loss_option_runs_in_loss_chunks_too():
     )
     for key in optim.SUMS:
         np.testing.assert_allclose(float(chunked[key]), float(whole[key]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["packed causal", "cross"])
+def test_the_cudnn_call_passes_jaxs_own_checks_of_its_arguments(case, monkeypatch):
+    """Shapes, dtypes and ranks of the offsets and lengths as jax's private cuDNN attention
+    checks them, forward and backward, abstractly (no kernel runs); only its device checks, which
+    need a Hopper GPU, stand in."""
+    from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
+    monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+    (q, k, v), q_segments, kv_segments, causal, _ = inputs(case, jnp.bfloat16, d_k=64, d_v=64)
+    self_attention = CASES[case][1] is None
+    if k.shape[1] % 2:  # the source side's 9: cuDNN takes even lengths (fused_attention pads them so)
+        k, v = (jnp.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0))) for x in (k, v))
+        kv_segments = jnp.pad(kv_segments, ((0, 0), (0, 1)))
+
+    def attend(q, k, v):
+        return segments.packed_cudnn_attention(q, k, v, q_segments, kv_segments, causal, self_attention)[0]
+
+    out = jax.eval_shape(attend, q, k, v)
+    grads = jax.eval_shape(lambda q, k, v: jax.vjp(attend, q, k, v)[1](jnp.ones(q.shape[:3] + (64,), q.dtype)), q, k, v)
+    assert out.shape == q.shape[:3] + (64,) and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_offsets_route_takes_the_mask_for_a_batch_the_layout_cannot_hold_forward_and_backward(fits, monkeypatch):
+    """Both kernels stood in on the CPU: cuDNN's packed route by twice the reference (so the two
+    routes differ), its mask route by jax's XLA attention; `fits` says which the layout allows."""
+    from fxformer import model
+
+    def packed_stand_in(q, k, v, q_segments, kv_segments, causal, self_attention):
+        return 2 * reference(q, k, v, q_segments, kv_segments, causal), jnp.asarray(fits)
+
+    xla = jax.nn.dot_product_attention
+    monkeypatch.setattr(segments, "packed_cudnn_attention", packed_stand_in)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, implementation, **kw: xla(*a, **kw))
+    (q, k, v), q_segments, _, causal, cotangent = inputs("packed causal", d_k=8, d_v=8)
+    mask = AttentionMask(q_segments, q_segments, causal)
+    got, pull = jax.vjp(lambda q, k, v: model.offsets_or_mask(q, k, v, mask, True), q, k, v)
+    factor = 2 if fits else 1
+    want, pull_want = jax.vjp(lambda q, k, v: factor * reference(q, k, v, q_segments, q_segments, causal), q, k, v)
+    np.testing.assert_allclose(real_rows(got, q_segments), real_rows(want, q_segments), atol=1e-5)
+    for g, w in zip(pull(cotangent), pull_want(cotangent), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
+
+
+def test_the_offsets_route_keeps_no_residual_of_the_mask_route(monkeypatch):
+    """Traced only: the forward pass's lax.cond returns the attention output and nothing else (no
+    [b, h, q, k] bias, no copies of Q, K, V for the branch not taken)."""
+    from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    from fxformer.model import fused_attention
+
+    monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
+    monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+    (q, k, v), q_segments, _, causal, _ = inputs("packed causal", jnp.bfloat16, d_k=64, d_v=64)
+    mask = AttentionMask(q_segments, q_segments, causal)
+    loss = lambda q, k, v: fused_attention(q, k, v, mask, "cudnn", offsets=True).astype(jnp.float32).sum()  # noqa: E731
+    jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v).jaxpr
+
+    def conds(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "cond":
+                yield [v.aval.shape for v in eqn.outvars]
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    yield from conds(inner)
+
+    outputs = list(conds(jaxpr))
+    assert [q.shape] in outputs and [q.shape, k.shape, v.shape] in outputs and len(outputs) == 2, outputs

@@ -243,9 +243,10 @@ def segment_attention(
     """query [b, q, h, d_k], key [b, k, h, d_k], value [b, k, h, d_v], segment ids [b, q] and
     [b, k] -> [b, q, h, d_v]; differentiable in query, key and value.
 
-    Lengths are padded to whole blocks (with segment 0, which nothing sees) and, for Triton,
-    head widths to a power of two of at least 16 (zeros, which change no product); the padding is
-    cut off again. `interpret` None: compiled on a GPU, interpreted elsewhere."""
+    Lengths are padded to whole blocks (with segment 0, which nothing sees; for Triton, to a
+    power of two) and, for Triton, head widths to a power of two of at least 16 (zeros, which
+    change no product); the padding is cut off again. `interpret` None: compiled on a GPU,
+    interpreted elsewhere."""
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
     q_len, k_len, d_k, d_v = query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]
@@ -258,7 +259,10 @@ def segment_attention(
             widths[-1] = (0, width - x.shape[-1])
         return jnp.pad(x, widths)
 
-    q_pad, k_pad = -q_len % block_q + q_len, -k_len % block_k + k_len
+    if interpret:  # whole blocks
+        q_pad, k_pad = -q_len % block_q + q_len, -k_len % block_k + k_len
+    else:  # Triton's blocks are powers of two, the whole rows read too; padding tiles are never visited
+        q_pad, k_pad = max(block_q, _power_of_two(q_len)), max(block_k, _power_of_two(k_len))
     out = _attention(  # zero columns added to Q and K leave Q K^T as it is
         pad(query, q_pad, wide_k),
         pad(key, k_pad, wide_k),
