@@ -40,6 +40,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
@@ -234,13 +235,20 @@ def timed_steps(s: SyntheticStep, steps: int, report: bool = True) -> list[float
 def bench_train(config, steps: int, vocab: int, ids=None, kind: str = "full") -> dict:
     s = synthetic_step(config, vocab, kind)
     times = timed_steps(s, steps)
-    cost = s.compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
     loops = config.grad_accum_steps > 1 or config.loss_chunk_tokens > 0
     real = bench_real_train(config, ids, s.compiled, s.state, s.batch, steps) if ids is not None else {}
+    return {**real, **step_record(s, times, xla_count=not loops)}
+
+
+def step_record(s: SyntheticStep, times: list[float], xla_count: bool = True) -> dict:
+    """The training figures of a compiled step `s` timed `times` (seconds): step time (median),
+    tokens, both FLOP counts, achieved TFLOP/s and both MFUs (`mfu`: the dense count, as always;
+    `mfu_segments`: within segments, under its own name, never in the other's place)."""
+    cost = s.compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
     targets = s.host_batch["targets_segment_ids"]
-    return {
-        **real,
+    step_time = statistics.median(times)
+    r = {
         "num_params": int(sum(x.size for x in jax.tree.leaves(s.state.params))),
         "rows_per_step": s.rows,
         "tokens_per_step": s.rows * s.length,
@@ -248,11 +256,21 @@ def bench_train(config, steps: int, vocab: int, ids=None, kind: str = "full") ->
         "segments_per_row": float(targets.max(axis=1).mean()),
         "flops_per_step_segments": segment_train_flops(s.model.config, s.host_batch),
         "compile_s": s.compile_s,
-        "step_time_s": statistics.median(times),
+        "step_time_s": step_time,
+        "step_times_s": times,
         "flops_per_step": train_flops(s.model.config, s.rows, s.length),
         # XLA's cost analysis counts a loop's body once: no check where the step loops (micro-batches, loss chunks)
-        "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost and not loops else None,
+        "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost and xla_count else None,
     }
+    r["train_tokens_per_s"] = r["tokens_per_step"] / step_time  # slots, padding included
+    r["real_target_tokens_per_s"] = r["real_target_tokens_per_step"] / step_time
+    peak = peak_tflops(jax.devices()[0], jnp.dtype(s.model.config.dtype).name)
+    r["peak_tflops"] = peak * jax.device_count() if peak else None
+    for suffix, flops in (("", r["flops_per_step"]), ("_segments", r["flops_per_step_segments"])):
+        achieved = flops / step_time
+        r[f"achieved_tflops{suffix}"] = achieved / 1e12
+        r[f"mfu{suffix}"] = achieved / (r["peak_tflops"] * 1e12) if peak else None
+    return r
 
 
 def real_data(config):
@@ -380,20 +398,7 @@ def run(
         if not steps:
             return out
     if steps:  # else decoding alone
-        t = bench_train(config, steps, vocab, ids, batch)
-        out.update(t)
-        out["train_tokens_per_s"] = t["tokens_per_step"] / t["step_time_s"]  # slots, padding included
-        out["real_target_tokens_per_s"] = t["real_target_tokens_per_step"] / t["step_time_s"]
-        achieved = t["flops_per_step"] / t["step_time_s"]
-        out["achieved_tflops"] = achieved / 1e12
-        peak = peak_tflops(device, dtype)
-        out["peak_tflops"] = peak * jax.device_count() if peak else None
-        # MFU on the dense count (every query-key product of every row), as always; the segment
-        # count's beside it under its own name: counted differently, never compared as one number
-        out["mfu"] = achieved / (out["peak_tflops"] * 1e12) if peak else None
-        achieved_segments = t["flops_per_step_segments"] / t["step_time_s"]
-        out["achieved_tflops_segments"] = achieved_segments / 1e12
-        out["mfu_segments"] = achieved_segments / (out["peak_tflops"] * 1e12) if peak else None
+        out.update(bench_train(config, steps, vocab, ids, batch))
     if decode_batch:
         model_config = trainstate.model_of(config, vocab).config
         out.update(bench_decode(config, model_config, decode_batch, decode_len, decode_repeats))

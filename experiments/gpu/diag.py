@@ -10,8 +10,8 @@ what a change of that part could gain, so the next change is chosen by measureme
 - `no_mask`: packed rows get no segment mask at all (`is_causal` alone): the attention time of a
   kernel that knew the segments and skipped what they hide would be at most this;
 - `one_pass_loss`: the loss's sums from one pass over the logits (`optim.one_pass_cross_entropy_sums`,
-  the same loss and gradients: tests/test_train.py) instead of one reduction per quantity; the
-  one variant that is a candidate default, not a bound.
+  the same loss and gradients: tests/test_train.py) instead of one reduction per quantity; now
+  also the named option `--config.model.loss_impl=one_pass` (what experiments/gpu/run.sh measures).
 """
 
 import sys
@@ -39,7 +39,7 @@ if __name__ == "__main__":
     variant = sys.argv.pop(1)
     assert variant in ("mask_heads_1", "no_mask", "one_pass_loss"), variant
     if variant == "one_pass_loss":
-        optim.cross_entropy_sums = optim.one_pass_cross_entropy_sums
+        optim.LOSSES["reductions"] = optim.one_pass_cross_entropy_sums  # what loss_sums takes by default
     else:
         model.fused_mask_arguments = packed_arguments(variant)
     cli.run(bench.main)

@@ -1,0 +1,135 @@
+"""Several configs' training steps compiled in one process and timed in turns, so that a drift of
+the machine falls on all of them alike (two runs of the same step, minutes apart, once differed
+by 2 ms on an H100).
+
+    python3 experiments/gpu/variants.py --config=configs/base.py --out=bench.jsonl \\
+        base:packed one_pass:packed:loss_impl=one_pass pallas:packed:segment_attention=pallas ...
+
+Each variant is NAME:BATCH[:KEY=VALUE,...], BATCH `full` or `packed` (`fxformer.bench.BATCHES`),
+KEY a field of the config's `model` section (`--set` gives overrides for all of them). A variant
+that fails to build or compile (a kernel Triton refuses, an option this machine lacks) is
+reported with its error and the rest go on. Then `--rounds` rounds, each timing `--steps` steps
+of every variant in turn (the order reversed every other round), each step waited for, after two
+untimed steps each. One line per variant is appended to `--out`: its name, a space, the
+`fxformer.bench` record of its step (`bench.step_record`: both FLOP counts and MFUs), or
+{"error": ...}. The last lines printed are a table of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from fxformer import bench, configfile  # noqa: E402
+from fxformer.config import validate, with_overrides  # noqa: E402
+
+
+def parse_value(text: str):
+    """A config value from the command line: JSON where it parses (numbers, true), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_variant(spec: str) -> tuple[str, str, dict]:
+    """NAME:BATCH[:KEY=VALUE,...] -> (name, batch, {"model.KEY": value})."""
+    name, batch, *rest = spec.split(":")
+    if batch not in bench.BATCHES:
+        raise SystemExit(f"variant {spec!r}: the batch must be one of {', '.join(bench.BATCHES)}, not {batch!r}")
+    overrides = {}
+    for item in rest[0].split(",") if rest and rest[0] else []:
+        key, _, value = item.partition("=")
+        overrides[key if "." in key else f"model.{key}"] = parse_value(value)
+    return name, batch, overrides
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", help="NAME:BATCH[:KEY=VALUE,...]")
+    p.add_argument("--config", default="configs/base.py")
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant (dotted config keys)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant and round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", required=True, help="JSON lines file to append to")
+    p.add_argument(
+        "--budget_s", type=float, default=0, help="stop compiling new variants after this many seconds (0: none)"
+    )
+    args = p.parse_args()
+
+    common = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        common[key] = parse_value(value)
+    start = time.time()
+    steps, errors = {}, {}
+    for spec in args.variants:
+        name, batch, overrides = parse_variant(spec)
+        if args.budget_s and time.time() - start > args.budget_s:
+            errors[name] = f"not compiled: the budget of {args.budget_s:.0f} s was spent"
+            continue
+        try:
+            config = with_overrides(configfile.load_config(args.config), {**common, **overrides})
+            validate(config, jax.default_backend(), jax.process_count())
+            s = bench.synthetic_step(config, config.data.vocab_size, batch)
+            bench.timed_steps(s, 0, report=False)  # the two untimed steps
+            steps[name] = (s, batch, overrides)
+            bench.progress(f"{name}: compiled in {s.compile_s:.1f} s")
+        except Exception as e:  # noqa: BLE001 (one variant's failure is reported; the others go on)
+            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+            bench.progress(f"{name}: failed: {errors[name]}")
+            traceback.print_exc()
+
+    times = {name: [] for name in steps}
+    for r in range(args.rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for name in order:
+            s = steps[name][0]
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                s.state, metrics = s.compiled(s.state, s.batch)
+                jax.block_until_ready(metrics)
+                times[name].append(time.perf_counter() - t0)
+        bench.progress(f"round {r + 1}/{args.rounds} timed")
+
+    device = jax.devices()[0]
+    with open(args.out, "a") as f:
+        for spec in args.variants:
+            name = spec.split(":")[0]
+            if name in steps:
+                s, batch, overrides = steps[name]
+                record = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count()}
+                record.update(dtype=jnp.dtype(s.model.config.dtype).name, batch=batch, options=overrides)
+                record.update(bench.step_record(s, times[name]))
+                # one process holds every variant: its peak memory is no one variant's; XLA's temporaries are
+                memory = s.compiled.memory_analysis()
+                record.update(peak_memory_bytes=None, decode_sentences_per_s=None)
+                record["temp_bytes"] = getattr(memory, "temp_size_in_bytes", None)
+            else:
+                record = {"error": errors[name]}
+            f.write(f"{name} {json.dumps(record)}\n")
+    print(f"{'variant':18} {'step ms':>8} {'MFU':>6} {'MFU seg':>7}  batch   options")
+    for spec in args.variants:
+        name = spec.split(":")[0]
+        if name not in steps:
+            print(f"{name:18} failed: {errors[name]}")
+            continue
+        s, batch, overrides = steps[name]
+        r = bench.step_record(s, times[name])
+        mfu = lambda v: "  n/a" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
+        opts = ",".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items()) or "(as it is)"
+        print(f"{name:18} {1000 * r['step_time_s']:8.1f} {mfu(r['mfu'])} {mfu(r['mfu_segments'])}  {batch:7} {opts}")
+
+
+if __name__ == "__main__":
+    main()
