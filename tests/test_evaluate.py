@@ -40,8 +40,6 @@ def test_averaging_two_checkpoints_is_the_numpy_mean(eight_device_workdir):
 
 @pytest.mark.slow
 def test_a_saved_average_is_not_reused_once_one_of_its_checkpoints_is_written_again(eight_device_workdir, tmp_path):
-    from fxformer import inference
-
     workdir = tmp_path / "w"
     shutil.copytree(eight_device_workdir, workdir)
     config = load_workdir_config(paths.Workdir(workdir))
@@ -51,7 +49,7 @@ def test_a_saved_average_is_not_reused_once_one_of_its_checkpoints_is_written_ag
     said = []
 
     def average():
-        params, _ = inference.checkpoint_params(paths.Workdir(workdir), 20, 2, abstract_state.params, said.append)
+        params, _ = checkpoint.checkpoint_params(paths.Workdir(workdir), 20, 2, abstract_state.params, said.append)
         return jax.device_get(params)
 
     first = average()

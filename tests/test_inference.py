@@ -121,7 +121,7 @@ def test_the_t2t_beam_variant_runs_from_the_command_line_and_names_its_results(e
 
 
 def test_averaging_passes_over_checkpoints_closer_than_half_the_interval():
-    from fxformer.inference import apart
+    from fxformer.checkpoint import apart
 
     # a time budget saved step 2101 just after the regular 2100: 2100 is passed over, not counted twice
     assert apart([1500, 1700, 1800, 1900, 2000, 2100, 2101], 5, 100) == ([1700, 1800, 1900, 2000, 2101], [2100])
