@@ -21,7 +21,7 @@ export OUT=${OUT:-experiments/results/gpu/$(date -u +%F)}
 mkdir -p "$OUT"
 if [ -n "$CPU" ]; then  # tiny shapes: the same steps and summary in a few minutes on two cores
   export SKIP_INSTALL=1 JAX_PLATFORMS=cpu
-  export BENCH_TIMEOUT=${BENCH_TIMEOUT:-900} TESTS=${TESTS:-tests/test_kernels.py} WORKERS=${WORKERS:-0}
+  export BENCH_TIMEOUT=${BENCH_TIMEOUT:-900} PEER_TIMEOUT=${PEER_TIMEOUT:-900} TESTS=${TESTS:-tests/test_kernels.py} WORKERS=${WORKERS:-0}
   PY=${PY:-.venv/bin/python} DTYPE=float32 ATTN=xla STEPS=2 ROUNDS=1 CONFIG=configs/default.py
   SHAPES=(--config.model.num_layers=1 --config.data.tokens_per_batch=512 --config.data.max_length=32)
   VSHAPES=(--set model.num_layers=1 --set data.tokens_per_batch=512 --set data.max_length=32)
@@ -62,7 +62,7 @@ variants() {  # variants NAME LATER SPEC...: one process of experiments/gpu/vari
   # compile no new variant once the time for what follows is reached (the peer 90 s, the tests 120 s)
   local budget=$(( LIMIT - $(elapsed) - ${RESERVE:-210} - later ))
   echo "=== $group: ${#chosen[@]} steps ($(elapsed) s, compiling for at most ${budget} s)"
-  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 90 )) $PY experiments/gpu/variants.py --config=$CONFIG \
+  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 150 )) $PY experiments/gpu/variants.py --config=$CONFIG \
     --set model.dtype=$DTYPE --set model.attention_impl=$ATTN "${VSHAPES[@]}" --steps=$STEPS --rounds=$ROUNDS \
     --budget_s=$budget --out=$OUT/bench.jsonl "${chosen[@]}" 2>&1) > /tmp/$group.log
   cat /tmp/$group.log >> $OUT/benches.log
@@ -74,7 +74,7 @@ variants kernels 0 "${KERNELS[@]}"
 # 3. the peer: the Flax WMT example's step and fxformer's, same process, packed batch
 if [ -z "$SKIP_PEER" ]; then
   PEERSET=(); for s in "${VSHAPES[@]}"; do [ "$s" != "--set" ] && PEERSET+=(--set "$s"); done
-  BENCH_TIMEOUT=150 bench peer "X=1" $PY experiments/gpu/peer.py --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
+  BENCH_TIMEOUT=${PEER_TIMEOUT:-150} bench peer "X=1" $PY experiments/gpu/peer.py --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
     --batch=packed --steps=$STEPS --rounds=$ROUNDS --json --set model.attention_impl=$ATTN "${PEERSET[@]}"
 fi
 [ -s $OUT/bench.jsonl ] && summary
