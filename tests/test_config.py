@@ -88,6 +88,10 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "data.train_pairs",
         "loss_chunk_tokens",
         "early_stopping_min_delta",
+        "model.segment_attention",
+        "model.dropout_bits",
+        "model.residual_norm",
+        "model.loss_impl",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -105,6 +109,13 @@ def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_si
         "data": {**written["data"], **since},
         "loss_chunk_tokens": 0,  # the chunked loss
         "early_stopping_min_delta": 0.0,  # the plateau with a smallest improvement
+        "model": {  # the kernel options, each at the value that keeps the step as it was
+            **written["model"],
+            "segment_attention": "mask",
+            "dropout_bits": 32,
+            "residual_norm": "flax",
+            "loss_impl": "reductions",
+        },
     }
 
 
