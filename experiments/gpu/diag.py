@@ -1,4 +1,4 @@
-"""What-if measurements for the lent GPU: `fxformer.bench` with one part of the step changed.
+"""What-if measurements on a GPU: `fxformer.bench` with one part of the step changed.
 
     python3 experiments/gpu/diag.py VARIANT [bench arguments...]
 

@@ -1,10 +1,10 @@
 #!/bin/bash
-# One lent-GPU call (device tool), second session on an H100: the base bfloat16 step at this commit
+# One GPU run on an H100: the base bfloat16 step at this commit
 # beside what-if variants (experiments/gpu/diag.py, config flags, XLA flags), one process after
 # another; then the whole test suite on the GPU with the time left. Run from the repository root
 # with the wheels of experiments/gpu/wheels.txt in .whl/. Output: $OUT/bench.jsonl, benches.log, pytest.log.
 # Environment: LIMIT (s), STEPS, BENCHES (names, default all), TESTS (pytest paths), SKIP_INSTALL,
-# SKIP_BENCHES, SKIP_TESTS. With 15 minutes of device time a session, one call does both:
+# SKIP_BENCHES, SKIP_TESTS. Both in one run of about 8 minutes:
 #   BENCHES="head one_pass_loss head_again" LIMIT=480 bash experiments/gpu/h100-diag.sh   (carry .whl)
 LIMIT=${LIMIT:-570} BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 source experiments/gpu/lib.sh

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One lent-GPU call (device tool): profile of the base bfloat16 step, bench variants side by side
+# One GPU run: profile of the base bfloat16 step, bench variants side by side
 # (the same machine, one after another), big, the newstest2014-sized decode, the GPU tests.
 # Run from the repository root with the wheels in .whl/ and the previous commit's fxformer in .old/.
 source experiments/gpu/lib.sh

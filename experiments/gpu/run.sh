@@ -7,8 +7,8 @@
 #
 # On the device machine, from the repository root, carrying .whl (experiments/gpu/wheels.txt) and
 # .peer (google/flax's examples/wmt/models.py, see experiments/gpu/peer.py):
-#   LIMIT=420 bash experiments/gpu/run.sh          (device tool: timeout_s=450, carry [".whl", ".peer"])
-# Records go to $OUT (the device tool's folder; elsewhere experiments/results/gpu/<date>/): bench.jsonl
+#   LIMIT=420 bash experiments/gpu/run.sh          (a 450 s wall-clock limit; .whl and .peer beside the checkout)
+# Records go to $OUT (the folder the machine returns; keep them in experiments/results/gpu/<date>/): bench.jsonl
 # (one line per step measured: name, then fxformer.bench's JSON, both MFUs in it), benches.log,
 # pytest.log; copy them to experiments/results/gpu/<date>/ with the commit they measured.
 # Rehearsal on a CPU (tiny shapes, float32, nothing installed, the Pallas kernel interpreted, the
