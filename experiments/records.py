@@ -81,7 +81,7 @@ def replicate(ctx, rep) -> dict:
         "row": rep.run.name,
         "seed": rep.seed,
         "name": rep.name,
-        "state": str(row.state(ctx.args.lease_s)),
+        "state": str(row.state(ctx.options.lease_s)),
         "step": row.step,
         "config": row.config,
         "commit": row.status.get("commit", ""),
@@ -168,7 +168,7 @@ def restore(ctx, doc: dict, source: str) -> tuple[int, int]:
             path = workdir.eval_result(split, result["checkpoint_steps"], decode=decode)
             paths.write_atomic(path, json.dumps(result, indent=2) + "\n")
         rowstate.write_status(workdir, status)
-        state = ctx.read(rep).state(ctx.args.lease_s)
+        state = ctx.read(rep).state(ctx.options.lease_s)
         if state != rowstate.RowStatus.FINISHED:
             raise UserError(f"{rep.name} restored from {source} reads as {state}, not finished; delete {workdir.root}.")
         restored += 1
