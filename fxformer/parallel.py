@@ -30,7 +30,7 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
             "--distributed inside a SLURM job needs one process per task started by srun "
             "(srun python -m fxformer.train --distributed ...), not python run directly in the batch script."
         )
-    # fxformer's train loop agrees on SIGTERM itself (train.StopRequest); JAX's pre-emption
+    # fxformer's train loop agrees on SIGTERM itself (lifecycle.StopRequest); JAX's pre-emption
     # notifier would take the signal away from it.
     jax.config.update("jax_enable_preemption_service", False)
     kwargs = {}
