@@ -2,7 +2,7 @@
 
     python -m fxformer.train --config=configs/base.py --workdir=runs/base
 
-Needs WMT14 prepared with TFDS first (README, "WMT 2014"). Table 3 rows start from here.
+Needs WMT14 prepared with TFDS first (docs/data.md, "WMT 2014"). Table 3 rows start from here.
 
 The paper's base recipe is fxformer's defaults (`fxformer/schema.py`, where every config field is
 defined, with its default): the other configs override some of them.

@@ -7,7 +7,7 @@ The argument is the folder that holds `task1/raw/` of the public multi30k/datase
 (or `data/task1/raw/`, or the `raw` folder itself), with its file names: train.{en,de}.gz,
 val.{en,de}.gz, test_2016_flickr.{en,de}.gz (29,000 / 1,014 / 1,000 pairs; val is the dev
 split, test2016 the test split). Another corpus of this size: override the six
-`data.*_file` fields instead (README, "Real text: Multi30k").
+`data.*_file` fields instead (docs/data.md, "Multi30k").
 
 The recipe departs from the paper's base where 29,000 pairs call for it (each departure a named
 field): a smaller model, more dropout (residual, attention and ReLU), a small shared BPE, a

@@ -15,7 +15,7 @@ Profiles:
          warm-up 4% of the base run's steps as in the paper (40), and the learning rate scaled by
          sqrt(40 / 4000) so that every row peaks at the paper's rate for its width; 3,000
          training pairs seen about 25 times (big 75), in batches of 1,024 tokens. Chosen on pilot
-         runs of base, D1 and C1 (README, "The mini Table 3"), then frozen.
+         runs of base, D1 and C1 (docs/table3.md, "The mini profile"), then frozen.
   multi30k-full:<folder>  the paper's regime and protocol on real text: the multi30k profile's rows
          and data on all 29,000 pairs (0.69 non-embedding parameters per training target token,
          the paper's about 0.35), every row trained for the same 5,300 steps (about 20 passes;
@@ -335,7 +335,7 @@ def sweep(profile: str = "paper") -> dict:
         # the test set too (newstest2014 for WMT), decoded the same way: beside dev in the table
         "more_splits": ["test"],
         # Rows looked at (with base) to choose the profile's recipe on the same dev set: marked in
-        # the table and left out of its count (README, "The mini Table 3")
+        # the table and left out of its count (docs/table3.md, "The mini profile")
         "pilot_rows": PILOT_ROWS.get(name, []),
         "plan": PLANS.get(name, {"readout": "final"}),
         "claims": CLAIMS,

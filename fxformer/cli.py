@@ -26,8 +26,9 @@ from fxformer.errors import UserError
 
 def parser(description: str, module: str, config: bool = True) -> argparse.ArgumentParser:
     """An ArgumentParser for `python -m <module>` that takes `--config=file[:arg]` and `--config.key=value`."""
+    typed = os.path.basename(sys.argv[0])  # an installed command (fxformer-train) or `python -m`'s path
     p = argparse.ArgumentParser(
-        prog=f"python -m {module}",
+        prog=typed if typed.startswith("fxformer-") else f"python -m {module}",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Override any config field with --config.<key>=<value>, e.g. --config.model.num_heads=16."

@@ -413,6 +413,6 @@ def test_an_empty_embedded_split_and_a_long_preparation_error_are_one_readable_s
         validate(config)
     long = "Failed to establish a new connection: " + "HTTPSConnectionPool(host='statmt.org', port=443) " * 10
     message = corpora.prepare_failure(ConnectionError(long + "\nsecond line"), config.data, "/data")
-    inner = message.split("(ConnectionError: ", 1)[1].rsplit("); see the README", 1)[0]
+    inner = message.split("(ConnectionError: ", 1)[1].rsplit("); see docs/data.md", 1)[0]
     assert inner.endswith(" ...") and len(inner) <= 244 and "second line" not in message
     assert long.startswith(inner.removesuffix(" ...")) and long[len(inner) - 4] == " "  # cut at a word boundary

@@ -36,22 +36,36 @@ def test_every_console_command_resolves_to_a_callable():
     for name, target in SCRIPTS.items():
         module, _, attribute = target.partition(":")
         assert module.split(".")[0] == "fxformer", f"{name}: {target} is outside the installed package"
-        assert callable(getattr(importlib.import_module(module), attribute)), f"{name}: {target}"
+        command = getattr(importlib.import_module(module), attribute)
+        assert callable(command), f"{name}: {target}"
+        runs = re.fullmatch(r"`python -m ([\w.]+)`, as an installed command.", command.__doc__ or "")
+        assert runs, f"{name}: {target} does not say which module it runs"
+        assert callable(importlib.import_module(runs[1]).main), f"{name}: {runs[1]} has no main"
+
+
+def console(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """What pip's console script does (`sys.exit(target())` with argv[0] its name), from outside the checkout."""
+    module, _, attribute = SCRIPTS[name].partition(":")
+    script = f"import sys; sys.argv[0] = {name!r}; from {module} import {attribute}; sys.exit({attribute}())"
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=installed_env(cwd), capture_output=True, text=True
+    )
 
 
 def test_a_console_command_runs_with_help_as_its_script_would(tmp_path):
-    """What pip's console script does (`sys.exit(main())` with argv[0] its name), from outside the checkout."""
-    module, _, attribute = SCRIPTS["fxformer-train"].partition(":")
-    script = f"import sys; sys.argv[0] = 'fxformer-train'; from {module} import {attribute}; sys.exit({attribute}())"
-    result = subprocess.run(
-        [sys.executable, "-c", script, "--help"],
-        cwd=tmp_path,
-        env=installed_env(tmp_path),
-        capture_output=True,
-        text=True,
-    )
+    result = console("fxformer-train", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--workdir" in result.stdout and "--config" in result.stdout
+    assert result.stdout.startswith("usage: fxformer-train ")  # the help names the command that was typed
+
+
+def test_an_installed_command_refuses_bad_input_in_one_sentence(tmp_path):
+    """The console script runs `main` under `cli.run`: a mistake a user can fix is one line, no traceback."""
+    result = console("fxformer-train", "--config=no-such-config.py", f"--workdir={tmp_path / 'w'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "no-such-config.py" in errors[0], result.stderr[-2000:]
 
 
 def installed_env(tmp_path: Path) -> dict[str, str]:

@@ -299,8 +299,8 @@ def prepare_failure(error: Exception, data: ml_collections.ConfigDict, where="")
     """One sentence for a failed preparation: what failed, and where to read more."""
     what = f"Could not prepare '{data.dataset}' in {where} ({type(error).__name__}: {shortened(str(error))})"
     if data.dataset.startswith("wmt"):
-        return what + "; see the README's 'WMT 2014' section."
-    return what + "; see the README's 'Data' section."
+        return what + "; see docs/data.md, 'WMT 2014'."
+    return what + "; see docs/data.md."
 
 
 def _is_prepared(builder: tfds.core.DatasetBuilder) -> bool:
