@@ -127,10 +127,15 @@ def judge(sweep, doc: dict, plan: Plan, welch_all: bool = False) -> list[Judged]
             j.power = stats.power_equivalence(margin, c.se, c.df, stats.ALPHA / max(1, len(counted)))
         if row in counted:
             j.p_holm, j.p_tost_holm = p_holm[row], p_tost_holm[row]
-            difference = (1 if j.estimate > 0 else -1) if j.p_holm < stats.ALPHA else 0
-            j.verdict = stats.plan_verdict(difference, j.p_tost_holm < stats.ALPHA, sign) if sign is not None else ""
+            j.verdict = verdict_of(j, sign) if sign is not None else ""
         out.append(j)
     return out
+
+
+def verdict_of(j: Judged, direction: int) -> str:
+    """A counted row's verdict against `direction`, from its two Holm-adjusted tests."""
+    difference = (1 if j.estimate > 0 else -1) if j.p_holm < stats.ALPHA else 0
+    return stats.plan_verdict(difference, j.p_tost_holm < stats.ALPHA, direction)
 
 
 def count(judged: list[Judged]) -> dict[str, int]:
@@ -156,7 +161,7 @@ def interactions(first: list[Judged], second: list[Judged]) -> dict[str, stats.C
     return out
 
 
-def claims(sweep, judged: list[Judged], plan: Plan) -> list[dict]:
+def claims(sweep, judged: list[Judged]) -> list[dict]:
     """The reference's stated conclusions (the sweep's `claims`), each with our verdict per row
     judged against the direction the claim states (not the reference's numbers)."""
     by_row = {j.row: j for j in judged}
@@ -168,15 +173,14 @@ def claims(sweep, judged: list[Judged], plan: Plan) -> list[dict]:
             if j is None or j.p_holm is None:
                 verdicts[row] = "not run" if j is None or not j.n else "not counted"
                 continue
-            difference = (1 if j.estimate > 0 else -1) if j.p_holm < stats.ALPHA else 0
-            verdicts[row] = stats.plan_verdict(difference, j.p_tost_holm < stats.ALPHA, direction)
+            verdicts[row] = verdict_of(j, direction)
         out.append({"claim": claim["claim"], "source": claim.get("source", ""), "verdicts": verdicts})
     return out
 
 
-def bleu_contrasts(sweep, doc: dict, plan: Plan, split: str) -> dict[str, stats.Contrast]:
+def bleu_contrasts(sweep, doc: dict, split: str) -> dict[str, stats.Contrast]:
     """Every row's BLEU difference from the baseline (not logged) from the same model: CIs, no verdicts."""
-    values, _ = log_values(doc, split, "bleu", plan.readout if plan.readout == "final" else "final", log=False)
+    values, _ = log_values(doc, split, "bleu", "final", log=False)
     groups = {row: list(seeds.values()) for row, seeds in values.items()}
     return stats.contrasts(groups, sweep.baseline) if sweep.baseline in groups else {}
 
@@ -258,7 +262,7 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
     test_split = next(iter(dict(sweep.evaluations()[1:])), None)
     on_test = dataclasses.replace(plan, split=test_split or "", readout="final")
     test = {j.row: j for j in judge(sweep, doc, on_test)} if test_split else {}
-    bleu = bleu_contrasts(sweep, doc, plan, plan.split)
+    bleu = bleu_contrasts(sweep, doc, plan.split)
     pooled = next((j for j in judged if j.method == "pooled"), None)
     welch_rows = [j.row for j in judged if j.method == "welch"]
     changed = {f"margin ±{100 * m:g}%": {"margin": m} for m in stats.MARGINS}
@@ -270,7 +274,7 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         sensitivities[f"{test_split} split"] = list(test.values())
     ties = sensitivities[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"]
     new_ties = [j.row for j, k in zip(judged, ties) if j.paper_sign and k.paper_sign == 0]
-    found_claims = claims(sweep, judged, plan)
+    found_claims = claims(sweep, judged)
     lines = [
         f"# {sweep.name}, profile {doc['header']['profile']}: the analysis plan's result",
         "",

@@ -332,6 +332,16 @@ def band(reps: list[dict], key: str = "dev_ppl") -> tuple[list[int], list[float]
     return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
+def seed_lines(reps: list[dict], key: str = "dev_ppl") -> list[tuple[list[int], list[float]]]:
+    """Each trained seed's own curve (steps, values), to where that seed ended: drawn thin beside
+    the row's band, so that a seed that trained longer than the first to end is seen to its end."""
+    out = []
+    for points in dev_curves(trained(reps), key).values():
+        steps = sorted(points)
+        out.append((steps, [points[s] for s in steps]))
+    return out
+
+
 def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
     plt = png.pyplot()
 
@@ -350,6 +360,8 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
             style = {"color": "black", "linestyle": "--"} if name == sweep.baseline else {}
             line = ax.plot(steps, mean, label=name, **style)[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            for seed_steps, values in seed_lines(by_row.get(name, [])):
+                ax.plot(seed_steps, values, color=line.get_color(), linestyle=line.get_linestyle(), lw=0.6, alpha=0.6)
         log_axis(ax.yaxis, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0))  # the ends of the curves, close together, read off
         ax.set_title(f"group {g}")
         ax.set_xlabel("step")
@@ -357,7 +369,7 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
-    what = "dev perplexity during training (mean over seeds, to where the first ended; band: min-max)"
+    what = "dev perplexity during training (mean over seeds to where the first ended, band min-max; thin: each seed)"
     fig.suptitle(f"{sweep.name} ({ctx.profile.partition(':')[0]}): {what}")
     fig.tight_layout()
     return png.save(fig, path)

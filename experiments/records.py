@@ -27,16 +27,15 @@ import json
 import platform
 import re
 import time
-from importlib import metadata
 
 from experiments import rowstate
-from fxformer import paths
+from fxformer import lifecycle, paths
 from fxformer.errors import UserError
 
 FORMAT = 1
 NAME = "records.jsonl.gz"
 CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu")
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "sentencepiece", "sacrebleu")  # jaxlib: XLA
+RUN_INFO = ("num_params", "devices", "platform", "device_kind", "versions")  # what records keep of W/run.json
 FROM_RESULTS = (
     "re-collected from results.json, which holds each seed's final figures only: no learning curves and no raw "
     "records (a re-run of the sweep, or its records.jsonl.gz, has them)"
@@ -85,7 +84,7 @@ def replicate(ctx, rep) -> dict:
         "step": row.step,
         "config": row.config,
         "commit": row.status.get("commit", ""),
-        "run_info": {key: info[key] for key in ("num_params", "devices", "platform", "versions") if key in info},
+        "run_info": {key: info[key] for key in RUN_INFO if key in info},
         "evals": evals,
         "curve": curve(workdir),
     }
@@ -104,13 +103,8 @@ def data_files(source: str, config: dict) -> dict:
 def environment() -> dict:
     """The versions of the packages that computed the runs, as installed where the records are
     collected (each run's own, where it recorded them, are in its run_info), and the platform."""
-    out = {"python": platform.python_version(), "machine": platform.machine()}
-    for package in PACKAGES:
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    found = lifecycle.versions()
+    return {"python": found.pop("python"), "machine": platform.machine(), **found}
 
 
 def curve(workdir: paths.Workdir) -> list[dict]:

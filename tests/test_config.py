@@ -1,6 +1,6 @@
 """Workdir configs written by older code still train, evaluate and translate.
 
-tests/fixtures/config-issue21.json is the config.json a tiny run wrote before the config had one
+tests/fixtures/config-with-decode.json is the config.json a tiny run wrote before the config had one
 home; config-early.json is the same run as written before the `decode` section and
 the fields added since (beam_size, alpha and max_decode_extra at top level; no
 divergence_factor, train_minutes, best_metric, early_stopping_patience, dev BLEU, the text
@@ -48,7 +48,7 @@ def workdir_from(fixture: str, tmp_path, data_dir) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture, beam_size", [("config-issue21.json", 4), ("config-early.json", 2)])
+@pytest.mark.parametrize("fixture, beam_size", [("config-with-decode.json", 4), ("config-early.json", 2)])
 def test_a_config_written_by_older_code_trains_evaluates_and_translates(fixture, beam_size, tmp_path, data_dir, corpus):
     workdir = workdir_from(fixture, tmp_path, data_dir)
     trained = run("fxformer.train", f"--workdir={workdir}")  # the workdir's own config
@@ -101,8 +101,8 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
     assert set(changes) == set(added) | set(moved)  # every field it had keeps its value
 
 
-def test_a_config_written_at_issue_21_upgrades_to_itself_and_the_fields_added_since():
-    written = fixture("config-issue21.json")
+def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fields_added_since():
+    written = fixture("config-with-decode.json")
     since = {"workers": 0, "device_prefetch": 0, "train_pairs": 0}  # the stored-ids input pipeline; a text subset
     assert config.upgrade(ml_collections.ConfigDict(written)).to_dict() == {
         **written,
@@ -340,7 +340,7 @@ def test_a_wrong_type_reads_as_on_the_command_line():
     config.check_fields(base.get_config())
 
 
-@pytest.mark.parametrize("name", ["config-issue21.json", "config-early.json"])
+@pytest.mark.parametrize("name", ["config-with-decode.json", "config-early.json"])
 def test_configs_written_by_older_code_pass_the_checks(name, tmp_path):
     workdir = tmp_path / "w"
     workdir.mkdir()

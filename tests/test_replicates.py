@@ -681,6 +681,8 @@ def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_end
         {"seed": 2, "state": "running", "curve": curve(50.0, (100,))},  # still training: not in the curve yet
     ]
     assert sweep_figures.band(reps) == ([100, 200], [10.0, 9.0], [9.0, 8.0], [11.0, 10.0])
+    # and each trained seed's own line runs to its end (seed 0 past where seed 1 stopped)
+    assert sweep_figures.seed_lines(reps) == [([100, 200, 300], [9.0, 8.0, 7.0]), ([100, 200], [11.0, 10.0])]
 
 
 def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():

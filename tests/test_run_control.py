@@ -333,7 +333,14 @@ def test_a_resume_on_a_device_count_that_changes_the_rows_per_step_says_so(tmp_p
     assert "resumed from" in same.stdout and "rows per step" not in same.stdout
     other = run_train(workdir, data_dir, devices=3, num_train_steps=6, checkpoint_every_steps=2)  # 18 rows
     assert "warning: this run trained with 16 rows per step and goes on with 18 (on 3 devices" in other.stdout
-    assert json.loads((workdir / "run.json").read_text())["rows_per_step"] == 18
+    info = json.loads((workdir / "run.json").read_text())
+    assert info["rows_per_step"] == 18
+    import jax
+    import numpy as np
+
+    # what the run computed with: the versions the packages report themselves, and the device
+    assert info["versions"]["jax"] == jax.__version__ and info["versions"]["numpy"] == np.__version__
+    assert info["device_kind"] == jax.devices()[0].device_kind and info["platform"] == "cpu"
 
 
 def test_the_data_state_records_its_rows_per_step_and_reads_an_older_one_without_them(corpus, corpus_ids):

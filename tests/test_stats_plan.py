@@ -216,7 +216,7 @@ def test_the_analysis_of_records_is_the_closed_form_with_the_papers_directions_a
     # same -> B1 equivalent; unsure -> E inconclusive (neither test holds where the paper ties)
     verdicts = {row: j.verdict for row, j in judged.items()}
     assert verdicts == {"base": "", "A1": "agrees", "A2": "equivalent", "B1": "equivalent", "E": "inconclusive"}
-    found = analysis.claims(sweep, list(judged.values()), analysis.Plan.of(sweep))
+    found = analysis.claims(sweep, list(judged.values()))
     assert [c["verdicts"] for c in found] == [{"A1": "agrees"}, {"E": "inconclusive"}]
     # the readout at a step reads the dev curves: the same values there, the same estimates
     at_step = analysis.judge(sweep, doc, dataclasses.replace(analysis.Plan.of(sweep), readout="step:100"))
