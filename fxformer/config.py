@@ -427,7 +427,9 @@ class DecodeOptions:
 # W/config.json: the resolved config a run trains with
 
 
-RUNTIME_FIELDS = {"attention_impl"}  # how the model is computed, not what it is: may change on resume
+# How the model is computed, not what it is (the same parameters, the same function): may change
+# on resume. dropout_bits draws other dropout masks, as a resume on other devices may.
+RUNTIME_FIELDS = {"attention_impl", "segment_attention", "dropout_bits", "residual_norm", "loss_impl"}
 
 
 def load_workdir_config(workdir: paths.Workdir) -> ml_collections.ConfigDict:

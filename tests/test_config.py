@@ -292,6 +292,23 @@ def test_a_hand_edited_workdir_config_is_refused_naming_the_file_and_the_key(edi
     assert message.endswith("; correct that file, which records the run's config.") and "\n" not in message
 
 
+def test_a_resume_may_change_how_the_model_is_computed_but_not_what_it_is(tmp_path):
+    """The kernel options and attention_impl are computation (the same parameters and function);
+    every other model field is the model: a workdir holding another one is refused."""
+    workdir = paths.Workdir(written_workdir(tmp_path, lambda written: None))
+    same = configfile.resolve("configs/default.py")
+    computed = {"attention_impl": "auto", "segment_attention": "pallas", "dropout_bits": 8}
+    computed |= {"residual_norm": "fused", "loss_impl": "one_pass"}
+    for key, value in computed.items():
+        changed = ml_collections.ConfigDict(same.to_dict())
+        changed.model[key] = value
+        config.check_workdir_config(changed, workdir)  # accepted
+    changed = ml_collections.ConfigDict(same.to_dict())
+    changed.model.num_heads = 2 * same.model.num_heads
+    with pytest.raises(UserError, match=f"holds a model with a different model.num_heads \\({same.model.num_heads} vs"):
+        config.check_workdir_config(changed, workdir)
+
+
 # what a command does with a run's config, not the run itself: checked where it starts training or searching
 WHEN_USED = ("early_stopping_patience counts dev evaluations of", "decode.max_extra (4096) must be below")
 WORKDIR_REFUSALS = [
