@@ -3,15 +3,17 @@
 # finished runs and resumes a stopped one from its checkpoint. Alone on the 2-core CPU, two runs side
 # by side; each finished run's records are committed as they land (../table3-multi30k/land.sh).
 #   run.sh pilot   base seeds 0-3 (the noise pilot), records into pilot/
-#   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row), records into this folder
+#   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
+#                  into this folder: two rows a call (seed by seed within it), so that two runs
+#                  always share the cores and each call ends with its rows complete
 # Usage: run.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
 set -u
 STAGE=$1; ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(git -C "$HERE" rev-parse --show-toplevel); cd "$REPO" || exit 1
 PROFILE=multi30k-full:$DATA
 case $STAGE in
-  pilot) ONLY=(--only=base --seeds=4); OUT=experiments/results/table3-regime/pilot ;;
-  sweep) ONLY=(--only=base,C1,C3,C5,C7,D1,D2,D3,big); OUT=experiments/results/table3-regime ;;
+  pilot) CALLS=("--only=base --seeds=4"); OUT=experiments/results/table3-regime/pilot ;;
+  sweep) CALLS=(--only=base,D1 --only=D2,D3 --only=C1,C3 --only=C7,C5 --only=big); OUT=experiments/results/table3-regime ;;
   *) echo "usage: run.sh pilot|sweep [ROOT] [MULTI30K]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m fxformer.data --config=configs/table3.py:base,$PROFILE > /tmp/t3full-data.log 2>&1 || exit 1
@@ -21,10 +23,13 @@ import json, sys
 record = json.load(open(sys.argv[1])); record.pop("seeds", None); json.dump(record, open(sys.argv[1], "w"), indent=2)
 PY
 fi
-.venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE "${ONLY[@]}" --parallel=2 &
-PID=$!
-bash experiments/results/table3-multi30k/land.sh $ROOT $OUT $PID &
-wait $PID; rc=$?
-wait
-echo "run.sh $STAGE: experiments run exited $rc"
-exit $rc
+for call in "${CALLS[@]}"; do
+  # shellcheck disable=SC2086  # a call is its flags, split on spaces
+  .venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE $call --parallel=2 &
+  PID=$!
+  bash experiments/results/table3-multi30k/land.sh $ROOT $OUT $PID &
+  wait $PID; rc=$?
+  wait
+  echo "run.sh $STAGE: experiments run $call exited $rc"
+  [ $rc = 0 ] || exit $rc
+done
