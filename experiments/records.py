@@ -29,7 +29,7 @@ import re
 import time
 
 from experiments import rowstate
-from fxformer import lifecycle, paths
+from fxformer import paths, versions
 from fxformer.errors import UserError
 
 FORMAT = 1
@@ -103,7 +103,7 @@ def data_files(source: str, config: dict) -> dict:
 def environment() -> dict:
     """The versions of the packages that computed the runs, as installed where the records are
     collected (each run's own, where it recorded them, are in its run_info), and the platform."""
-    found = lifecycle.versions()
+    found = versions.versions()
     return {"python": found.pop("python"), "machine": platform.machine(), **found}
 
 

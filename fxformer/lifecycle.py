@@ -20,24 +20,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import platform
 import signal
 from collections.abc import Callable, Iterator, Sequence
-from importlib import metadata
 from typing import NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 
-from fxformer import checkpoint, exitcodes, parallel, paths
+from fxformer import checkpoint, exitcodes, parallel, paths, versions
 from fxformer.errors import UserError
 from fxformer.metrics import Progress
 from fxformer.trainstate import TrainState
 
 AGREE_EVERY = 10  # steps between the processes' stop/save agreements (a tiny collective)
-# The packages a run's numbers depend on (jaxlib carries XLA), recorded in W/run.json
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "sentencepiece", "sacrebleu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,20 +102,11 @@ def describe(
             "tokens_per_batch": config.data.tokens_per_batch,
             "start_step": start_step,
             "device_kind": jax.devices()[0].device_kind,
-            "versions": versions(),
+            "versions": versions.versions(),
         }
         paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     if start_step >= config.num_train_steps:
         log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
-
-
-def versions() -> dict[str, str]:
-    """Python's version and each of `PACKAGES`' installed here (those not installed left out)."""
-    out = {"python": platform.python_version()}
-    for package in PACKAGES:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[package] = metadata.version(package)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

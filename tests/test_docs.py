@@ -10,6 +10,7 @@ exists. The checker is tested on itself too: a renamed flag and a broken link ma
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import re
 import subprocess
@@ -50,8 +51,9 @@ def code_and_prose(text: str) -> tuple[list[str], str]:
 def scripts() -> dict[str, str]:
     """pyproject.toml's console commands -> the module each runs (`fxformer-train` -> `fxformer.train`)."""
     section = re.search(r"^\[project\.scripts\]\n(.*?)(?=^\[|\Z)", (REPO / "pyproject.toml").read_text(), re.S | re.M)
-    table = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+):\w+"', section[1] if section else "", re.M)
-    return {name: target.removesuffix(".__main__") for name, target in table}
+    table = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+):(\w+)"', section[1] if section else "", re.M)
+    ran = {name: getattr(importlib.import_module(module), attribute).module for name, module, attribute in table}
+    return {name: module.removesuffix(".__main__") for name, module in ran.items()}
 
 
 def commands(code: str) -> list[tuple[str, str, list[str]]]:

@@ -38,9 +38,7 @@ def test_every_console_command_resolves_to_a_callable():
         assert module.split(".")[0] == "fxformer", f"{name}: {target} is outside the installed package"
         command = getattr(importlib.import_module(module), attribute)
         assert callable(command), f"{name}: {target}"
-        runs = re.fullmatch(r"`python -m ([\w.]+)`, as an installed command.", command.__doc__ or "")
-        assert runs, f"{name}: {target} does not say which module it runs"
-        assert callable(importlib.import_module(runs[1]).main), f"{name}: {runs[1]} has no main"
+        assert callable(importlib.import_module(command.module).main), f"{name}: {command.module} has no main"
 
 
 def console(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

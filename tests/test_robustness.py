@@ -275,14 +275,14 @@ def test_text_dataset_with_separate_validation_and_test_files(tmp_path, data_dir
     assert (workdir / "eval" / "test-2.ref.txt").read_bytes() == files["test", "de"].read_bytes()
 
 
-def test_a_failed_preparation_names_the_readme_section_of_its_dataset():
+def test_a_failed_preparation_names_the_docs_section_of_its_dataset():
     from fxformer.data import corpora as corpora_source
 
     text = with_overrides(configfile.load_config("configs/default.py"), {"data.dataset": "text"}).data
     wmt = with_overrides(configfile.load_config("configs/default.py"), {"data.dataset": "wmt14_translate/de-en"}).data
     assert "WMT" not in corpora_source.prepare_failure(ValueError("bad line"), text)
-    assert "'Data' section" in corpora_source.prepare_failure(ValueError("bad line"), text)
-    assert "'WMT 2014' section" in corpora_source.prepare_failure(ValueError("403"), wmt)
+    assert corpora_source.prepare_failure(ValueError("bad line"), text).endswith("; see docs/data.md.")
+    assert corpora_source.prepare_failure(ValueError("403"), wmt).endswith("; see docs/data.md, 'WMT 2014'.")
 
 
 @pytest.mark.slow
