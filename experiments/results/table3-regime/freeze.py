@@ -1,7 +1,8 @@
 """The numbers PLAN.md's "Frozen" section takes from the noise pilot, by the rules written there
 before it ran: the sd of log final dev PPL over base's pilot seeds, and the margin of the rule
-(`stats.choose_margin`: 3 seeds a row, base's seeds by Dunnett's allocation, the pooled model's
-degrees of freedom for the whole table), with each margin's power.
+(`stats.choose_margin`: the seeds the sweep runs, `REPLICATES` of configs/table3.py, whose base
+count is Dunnett's allocation; the pooled model's degrees of freedom for the whole table), with
+each margin's power.
 
     python experiments/results/table3-regime/freeze.py [experiments/results/table3-regime/pilot/records.jsonl.gz]
 """
@@ -13,10 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, run from anywhere
 
+from configs import table3  # noqa: E402
 from experiments import analysis, records, stats  # noqa: E402
 
 ROWS = ("C1", "C3", "C5", "C7", "D1", "D2", "D3", "big")  # compared with base (PLAN.md, "Rows on the 2-core CPU")
-ROW_SEEDS = 3
+SEEDS = table3.REPLICATES["multi30k-full"]  # what the sweep runs: {"base": ..., "*": a row's}
+ROW_SEEDS = SEEDS["*"]
 
 
 def main(path: str) -> None:
@@ -26,7 +29,12 @@ def main(path: str) -> None:
     if len(pilot) < 4 or diverged:
         raise SystemExit(f"{path}: {len(pilot)} finished base seeds, {diverged or 'none'} diverged; the rule needs 4")
     sd = statistics.stdev(v for _, v in pilot)
-    base = stats.base_seeds(ROW_SEEDS, len(ROWS))
+    base = SEEDS["base"]
+    if base != stats.base_seeds(ROW_SEEDS, len(ROWS)):
+        raise SystemExit(
+            f"configs/table3.py runs {base} base seeds; Dunnett's allocation for PLAN.md's rows is "
+            f"{stats.base_seeds(ROW_SEEDS, len(ROWS))}: make REPLICATES follow the plan first"
+        )
     df = base + ROW_SEEDS * len(ROWS) - (1 + len(ROWS))  # the pooled model: one mean per row
     margin = stats.choose_margin(sd, ROW_SEEDS, base, df, len(ROWS))
     print(f"base seeds {[s for s, _ in pilot]}: final dev PPL {[round(math.exp(v), 3) for _, v in pilot]}")
