@@ -330,7 +330,9 @@ def test_command_prints_translates_translation_and_writes_only_under_attention(e
 
 
 @pytest.mark.slow
-def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
+def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path, monkeypatch):
+    """Through the command: --help, and refusals before and after the restore, one line each (status
+    2, no traceback: `cli.run`). The other refusals in-process, as the UserError the command prints."""
     helped = command("fxformer.attention_maps", "--help")
     assert helped.returncode == 0 and "--source" in helped.stdout and "W/attention/<name>/" in helped.stdout
     empty = tmp_path / "empty"
@@ -340,13 +342,6 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
     w = f"--workdir={eight_device_workdir}"
     for args, words in (
         ([f"--workdir={empty}", "--source=The dog."], "holds no checkpoint"),
-        ([w, "--source= "], "The source sentence is empty"),
-        ([w, "--source=" + "the dog " * 100], "wordpieces (with the end-of-sentence mark) but"),
-        ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
-        ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
-        ([w, "--source=The dog.", "--name=../x"], "not a plain folder name"),
-        ([w, "--source=The dog.", "--dpi=nan"], "--dpi=nan is not a resolution"),
-        ([w, "--source=The dog.", "--dpi=0"], "--dpi=0 is not a resolution"),
         (
             [w, "--source=The dog.", "--dpi=3000"],
             "--dpi=3000 is not a resolution; give dots per inch above 0 and below 2000",
@@ -357,6 +352,19 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path):
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], result.stderr
+    for args, words in (
+        ([w, "--source= "], "The source sentence is empty"),
+        ([w, "--source=" + "the dog " * 100], "wordpieces (with the end-of-sentence mark) but"),
+        ([w, "--source=The dog.", "--layer=2"], "--layer=2 does not exist: this model has 1 layers"),
+        ([w, "--source=The dog.", "--head=3"], "--head=3 does not exist"),
+        ([w, "--source=The dog.", "--name=../x"], "not a plain folder name"),
+        ([w, "--source=The dog.", "--dpi=nan"], "--dpi=nan is not a resolution"),
+        ([w, "--source=The dog.", "--dpi=0"], "--dpi=0 is not a resolution"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["attention", *args])
+        with left_as_is(eight_device_workdir), pytest.raises(UserError) as refused:
+            attention_maps.main()
+        assert words in str(refused.value) and "\n" not in str(refused.value), args
 
 
 @pytest.mark.slow  # restores a trained run in-process
