@@ -52,18 +52,30 @@ def test_sampling_with_a_seed_repeats_and_another_seed_differs(eight_device_work
 
 
 @pytest.mark.slow
-def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(eight_device_workdir):
+def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(
+    eight_device_workdir, tmp_path, monkeypatch
+):
+    """The first through the command (one line, status 2, no traceback: `cli.run`); the others
+    in-process, as the UserError the command prints."""
+    from fxformer import translate
+    from fxformer.errors import UserError
+
+    w = f"--workdir={eight_device_workdir}"
+    with left_as_is(eight_device_workdir):
+        result = run("fxformer.translate", w, "--config.model.d_model=8", stdin=LINES)
+    assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "fixed by the trained run" in result.stderr, result.stderr
+    (tmp_path / "in.txt").write_text(LINES)
     for flag, words in (
-        ("--config.model.d_model=8", "fixed by the trained run"),
         ("--config.decode.strategy=nucleus", "decode.strategy must be one of"),
         ("--config.decode.max_extra=1000", "decode.max_extra (1000) must be below model.max_len (96)"),
         ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
         ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'"),
     ):
-        with left_as_is(eight_device_workdir):
-            result = run("fxformer.translate", f"--workdir={eight_device_workdir}", flag, stdin=LINES)
-        assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+        monkeypatch.setattr(sys, "argv", ["translate", w, f"--input={tmp_path / 'in.txt'}", flag])
+        with left_as_is(eight_device_workdir), pytest.raises(UserError) as refused:
+            translate.main()
+        assert words in str(refused.value) and "\n" not in str(refused.value), flag
 
 
 @pytest.mark.slow
