@@ -208,9 +208,13 @@ COMMANDS = {  # what reads a workdir's config.json: (module and flags besides --
 }
 
 
+# Every command with one edit (each reads config.json through `load_workdir_config`), and every
+# edit with one command (the sentence each edit gets there).
+EDITED_BY = [(edit, "evaluate") for edit in CONFIG_EDITS] + [("num_heads=0", c) for c in COMMANDS if c != "evaluate"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("edit", CONFIG_EDITS)
+@pytest.mark.parametrize("edit, command", EDITED_BY)
 def test_a_hand_edited_config_json_is_one_sentence_from_every_command_and_changes_nothing(
     edit, command, two_step_workdir, tmp_path
 ):
