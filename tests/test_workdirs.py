@@ -68,10 +68,11 @@ def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
 
 
 @pytest.mark.slow
-def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
-    import subprocess
-
-    from conftest import env_with_devices
+def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir, monkeypatch):
+    """Through the commands (one line, status 2, no traceback: `cli.run`) where the workdir is
+    damaged; the other refusals in-process, as the UserError the command prints."""
+    from fxformer import config, evaluate, params, paths
+    from fxformer.errors import UserError
 
     def run(*argv):
         with left_as_is(tmp_path):
@@ -79,29 +80,38 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir):
                 [sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True
             )
         assert result.returncode == exitcodes.USER_ERROR and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
         return result.stderr.strip()
+
+    def refusal(main, *argv):
+        monkeypatch.setattr(sys, "argv", ["command", *argv])
+        with left_as_is(tmp_path), pytest.raises(UserError) as refused:
+            main()
+        return str(refused.value)
 
     for content in ("", "{not json", "[1, 2]"):
         workdir = tmp_path / f"w{len(content)}"
         workdir.mkdir()
         (workdir / "config.json").write_text(content)
-        assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={workdir}")
-        assert "config.json is damaged" in run("fxformer.train", f"--workdir={workdir}")
+        with pytest.raises(UserError, match="config.json is damaged"):
+            config.load_workdir_config(paths.Workdir(workdir))
+    assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={tmp_path / 'w9'}")
+    assert "config.json is damaged" in run("fxformer.train", f"--workdir={tmp_path / 'w9'}")
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert "is a file" in run("fxformer.train", "--config=configs/default.py", f"--workdir={a_file}")
     assert "lies under the file" in run("fxformer.evaluate", f"--workdir={a_file}/w")
-    assert "must be positive" in run("fxformer.evaluate", f"--workdir={tmp_path}", "--average_last=-3")
+    assert "must be positive" in refusal(evaluate.main, f"--workdir={tmp_path}", "--average_last=-3")
 
     raising = tmp_path / "raising.py"
     raising.write_text("def get_config():\n    return {}['missing']\n")
-    assert "failed in get_config(): KeyError" in run("fxformer.params", f"--config={raising}")
+    assert "failed in get_config(): KeyError" in refusal(params.main, f"--config={raising}")
     a_dict = tmp_path / "a_dict.py"
     a_dict.write_text("def get_config():\n    return {'model': {}}\n")
-    assert "not a dict" in run("fxformer.params", f"--config={a_dict}")
+    assert "not a dict" in refusal(params.main, f"--config={a_dict}")
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module\n")
-    assert "failed to load: ModuleNotFoundError" in run("fxformer.params", f"--config={broken}")
+    assert "failed to load: ModuleNotFoundError" in refusal(params.main, f"--config={broken}")
 
 
 @pytest.mark.slow
