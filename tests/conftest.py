@@ -315,3 +315,15 @@ def left_as_is(*paths):
         if now != was:
             changed = sorted(k for k in {*(was or {}), *(now or {})} if (was or {}).get(k) != (now or {}).get(k))
             raise AssertionError(f"the refused command changed {path}: {'created' if was is None else changed}")
+
+
+def refused_in_process(monkeypatch, main, argv, *untouched) -> str:
+    """A command's `main` run in this process with `argv` (its flags): the UserError it refuses
+    with, one line (what `cli.run` prints), each of `untouched` left as it was. Its message."""
+    from fxformer.errors import UserError
+
+    monkeypatch.setattr(sys, "argv", ["command", *argv])
+    with left_as_is(*untouched), pytest.raises(UserError) as refused:
+        main()
+    assert "\n" not in str(refused.value), str(refused.value)
+    return str(refused.value)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FakeBucket, env_with_devices, left_as_is, small_config
+from conftest import FakeBucket, env_with_devices, left_as_is, refused_in_process, small_config
 from etils import epath
 from test_paths import fake_gcs  # noqa: F401  (a fixture)
 
@@ -361,10 +361,7 @@ def test_command_refuses_in_one_sentence(eight_device_workdir, tmp_path, monkeyp
         ([w, "--source=The dog.", "--dpi=nan"], "--dpi=nan is not a resolution"),
         ([w, "--source=The dog.", "--dpi=0"], "--dpi=0 is not a resolution"),
     ):
-        monkeypatch.setattr(sys, "argv", ["attention", *args])
-        with left_as_is(eight_device_workdir), pytest.raises(UserError) as refused:
-            attention_maps.main()
-        assert words in str(refused.value) and "\n" not in str(refused.value), args
+        assert words in refused_in_process(monkeypatch, attention_maps.main, args, eight_device_workdir), args
 
 
 @pytest.mark.slow  # restores a trained run in-process

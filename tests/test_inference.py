@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import env_with_devices, left_as_is, on_two_processes, own_lines
+from conftest import env_with_devices, left_as_is, on_two_processes, own_lines, refused_in_process
 
 from fxformer import exitcodes
 
@@ -58,7 +58,6 @@ def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(
     """The first through the command (one line, status 2, no traceback: `cli.run`); the others
     in-process, as the UserError the command prints."""
     from fxformer import translate
-    from fxformer.errors import UserError
 
     w = f"--workdir={eight_device_workdir}"
     with left_as_is(eight_device_workdir):
@@ -72,10 +71,8 @@ def test_inference_refuses_model_fields_and_bad_decode_values_in_one_sentence(
         ("--config.decode.nbest=5", "cannot exceed decode.beam_size"),
         ("--config.decode.beam_sise=2", "did you mean 'decode.beam_size'"),
     ):
-        monkeypatch.setattr(sys, "argv", ["translate", w, f"--input={tmp_path / 'in.txt'}", flag])
-        with left_as_is(eight_device_workdir), pytest.raises(UserError) as refused:
-            translate.main()
-        assert words in str(refused.value) and "\n" not in str(refused.value), flag
+        argv = [w, f"--input={tmp_path / 'in.txt'}", flag]
+        assert words in refused_in_process(monkeypatch, translate.main, argv, eight_device_workdir), flag
 
 
 @pytest.mark.slow

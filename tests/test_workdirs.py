@@ -8,7 +8,16 @@ import subprocess
 import sys
 
 import pytest
-from conftest import cut_short, ended, env_with_devices, left_as_is, run_train, train_command, wait_while_running
+from conftest import (
+    cut_short,
+    ended,
+    env_with_devices,
+    left_as_is,
+    refused_in_process,
+    run_train,
+    train_command,
+    wait_while_running,
+)
 
 from fxformer import exitcodes
 
@@ -84,19 +93,16 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir, 
         return result.stderr.strip()
 
     def refusal(main, *argv):
-        monkeypatch.setattr(sys, "argv", ["command", *argv])
-        with left_as_is(tmp_path), pytest.raises(UserError) as refused:
-            main()
-        return str(refused.value)
+        return refused_in_process(monkeypatch, main, argv, tmp_path)
 
-    for content in ("", "{not json", "[1, 2]"):
-        workdir = tmp_path / f"w{len(content)}"
+    for i, content in enumerate(("", "[1, 2]", "{not json")):
+        workdir = tmp_path / f"w{i}"
         workdir.mkdir()
         (workdir / "config.json").write_text(content)
         with pytest.raises(UserError, match="config.json is damaged"):
             config.load_workdir_config(paths.Workdir(workdir))
-    assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={tmp_path / 'w9'}")
-    assert "config.json is damaged" in run("fxformer.train", f"--workdir={tmp_path / 'w9'}")
+    assert "config.json is damaged" in run("fxformer.evaluate", f"--workdir={workdir}")  # "{not json"
+    assert "config.json is damaged" in run("fxformer.train", f"--workdir={workdir}")
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert "is a file" in run("fxformer.train", "--config=configs/default.py", f"--workdir={a_file}")
