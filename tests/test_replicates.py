@@ -549,17 +549,6 @@ def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
 
 
 @pytest.mark.slow
-def test_the_same_seed_gives_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
-    root, _ = replicated
-    other = tmp_path / "t3"
-    result = experiments(
-        "run", "table3", f"--root={other}", "--profile=smoke", "--only=B1", "--seeds=2", data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert losses(other / "B1.s1") == losses(root / "B1.s1") and losses(other / "B1") == losses(root / "B1")
-
-
-@pytest.mark.slow
 def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replicated, tmp_path, data_dir):
     root = tmp_path / "t3"
     argv = sweep_command(
@@ -582,7 +571,8 @@ def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replica
 
 
 @pytest.mark.slow
-def test_parallel_runs_two_rows_at_once_with_the_same_losses(replicated, tmp_path, data_dir):
+def test_parallel_runs_two_rows_at_once_with_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
+    """The same seed gives the same losses in another root, one run at a time or two side by side."""
     root, _ = replicated
     side = tmp_path / "t3"
     two_seeds_of_base_and_b1(side, data_dir, "--parallel=2")
