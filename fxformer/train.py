@@ -103,15 +103,16 @@ def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
 
 def prepare_data(config: ml_collections.ConfigDict, workdir: paths.Workdir, log=print):
     """(builder, tokenizer, folder of the token ids): process 0 builds the dataset, the tokenizer
-    and the stored token ids, the others wait and find them."""
-    if jax.process_index() == 0:
-        builder = corpora.prepare(config.data, log=log)
-        token_ids(config.data, builder, tokenizer_for(config.data, builder, workdir, log=log), log=log)
-    if jax.process_count() > 1:
+    and the stored token ids while the others wait; then they find them."""
+    first, others = jax.process_index() == 0, jax.process_count() > 1
+    if others and not first:
         multihost_utils.sync_global_devices("fxformer: data prepared")
     builder = corpora.prepare(config.data, log=log)
     tokenizer = tokenizer_for(config.data, builder, workdir, log=log)
-    return builder, tokenizer, token_ids(config.data, builder, tokenizer, log=log)
+    ids = token_ids(config.data, builder, tokenizer, log=log)
+    if others and first:
+        multihost_utils.sync_global_devices("fxformer: data prepared")
+    return builder, tokenizer, ids
 
 
 class Trained(NamedTuple):
