@@ -13,8 +13,6 @@ import json
 import math
 import time
 
-from tensorboardX import SummaryWriter, record_writer
-
 from fxformer import paths
 from fxformer.timefmt import duration
 
@@ -28,11 +26,13 @@ class MetricWriter:
         self.lines: list[str] = []
         if not enabled:
             return
-        register_url_writers()
+        register_url_writers()  # and tensorboardX imported: only a process that writes metrics needs it
         if self.path.exists():  # a resumed run rewrites what came after its checkpoint
             kept = lambda step: step is not None and step <= resume_step  # noqa: E731 - a damaged line is dropped
             self.lines = [line for line in self.path.read_text().splitlines() if kept(paths.metrics_step(line))]
             paths.write_atomic(self.path, self._text())
+        from tensorboardX import SummaryWriter
+
         self.tensorboard = SummaryWriter(logdir=str(workdir.tensorboard), purge_step=resume_step + 1)
 
     def _text(self) -> str:
@@ -98,6 +98,8 @@ def register_url_writers() -> None:
     """TensorBoard event files for gs:// and s3:// workdirs through etils.epath, instead of
     tensorboardX's own clients, so every URL goes through one library (done by the first
     MetricWriter, not at import)."""
+    from tensorboardX import record_writer
+
     for scheme in ("gs", "s3"):
         record_writer.register_writer_factory(scheme, _EpathEventFiles())
 
