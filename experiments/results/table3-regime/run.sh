@@ -6,6 +6,8 @@
 #   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
 #                  into this folder: two rows a call (seed by seed within it), so that two runs
 #                  always share the cores and each call ends with its rows complete
+# On a new machine it first restores the finished runs of the committed records into ROOT
+# (`experiments restore`; a run directory already there is left as it is).
 # Usage: run.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
 set -u
 STAGE=$1; ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}
@@ -17,12 +19,17 @@ case $STAGE in
   *) echo "usage: run.sh pilot|sweep [ROOT] [MULTI30K]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m fxformer.data --config=configs/table3.py:base,$PROFILE > /tmp/t3full-data.log 2>&1 || exit 1
+restore() {  # a new machine (an empty ROOT): the finished runs of committed records, so that they are not trained again
+  [ ! -e "$1" ] || .venv/bin/python -m experiments restore table3 --from_records="$1" --root="$ROOT" || exit 1
+}
+restore experiments/results/table3-regime/pilot/records.jsonl.gz
 if [ "$STAGE" = sweep ] && [ -e "$ROOT/sweep-root.json" ]; then  # the pilot's --seeds=4 is remembered by the root:
   .venv/bin/python - "$ROOT/sweep-root.json" <<'PY'  # drop it, so that every row gets the sweep's own count
 import json, sys
 record = json.load(open(sys.argv[1])); record.pop("seeds", None); json.dump(record, open(sys.argv[1], "w"), indent=2)
 PY
 fi
+[ "$STAGE" = pilot ] || restore "$OUT/records.jsonl.gz"
 for call in "${CALLS[@]}"; do
   # shellcheck disable=SC2086  # a call is its flags, split on spaces
   .venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE $call --parallel=2 &
