@@ -42,9 +42,14 @@ def load(path: str) -> Table:
     return Table(header["profile"].partition(":")[0], sweep, doc, analysis.judge(sweep, doc, analysis.Plan.of(sweep)))
 
 
+def finished(doc: dict, row: str) -> list[dict]:
+    """The finished replicates of `row` (a records file taken mid-sweep also holds running and pending ones)."""
+    return [rep for rep in doc["replicates"] if rep["row"] == row and rep["state"] == "finished"]
+
+
 def budget(doc: dict, row: str) -> dict:
-    """A row's training budget over its trained seeds: last steps, target tokens seen, parameters."""
-    reps = [rep for rep in doc["replicates"] if rep["row"] == row and rep.get("curve")]
+    """A row's training budget over its finished seeds: last steps, target tokens seen, parameters."""
+    reps = [rep for rep in finished(doc, row) if rep.get("curve")]
     steps = [rep["step"] for rep in reps]
     tokens = [rep["curve"][-1].get("tokens_seen") for rep in reps if rep["curve"][-1].get("tokens_seen")]
     params = next((rep["run_info"].get("num_params") for rep in reps if rep.get("run_info")), None)
@@ -54,8 +59,8 @@ def budget(doc: dict, row: str) -> dict:
 
 
 def base_quality(table: Table) -> str:
-    """The baseline's dev PPL and test BLEU (mean over its seeds) in words."""
-    reps = [rep for rep in table.doc["replicates"] if rep["row"] == table.sweep.baseline]
+    """The baseline's dev PPL and test BLEU (mean over its finished seeds) in words."""
+    reps = finished(table.doc, table.sweep.baseline)
     ppl = [v for rep in reps if (v := rep["evals"].get("validation", {}).get("ppl"))]
     bleu = [v for rep in reps if (v := rep["evals"].get("test", {}).get("bleu"))]
     parts = [f"{len(reps)} seeds"]

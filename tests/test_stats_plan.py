@@ -291,3 +291,22 @@ def test_two_tables_side_by_side_give_each_rows_interaction_from_their_analyses(
             assert r["interaction"]["estimate"] == pytest.approx(b[row]["estimate"] - a[row]["estimate"])
             assert r["interaction"]["se"] == pytest.approx(math.hypot(a[row]["se"], b[row]["se"]))
     assert "A4" in found["moved"] and "interaction [95% CI]" in (tmp_path / "regime.md").read_text()
+
+
+def test_a_row_budget_and_the_base_seeds_count_finished_runs_only():
+    """Records taken mid-sweep hold running and pending replicates: a running seed's few steps and
+    tokens are not the row's budget, and a pending seed is not one of base's seeds."""
+    doc = records.read(str(RESULTS / "table3-multi30k" / "records.jsonl.gz"))
+    done = [rep for rep in doc["replicates"] if rep["row"] == "base" and rep["state"] == "finished"]
+    whole = regime.budget(doc, "base")
+    partial = json.loads(json.dumps(doc))
+    reps = [rep for rep in partial["replicates"] if rep["row"] == "base"]
+    reps[0].update(state="running", step=50, curve=reps[0]["curve"][:1], evals={})
+    reps[1].update(state="pending", step=0, curve=[], evals={}, config=None)
+    rest = [rep for rep in done if rep["name"] not in (reps[0]["name"], reps[1]["name"])]
+    found = regime.budget(partial, "base")
+    assert found["steps"] == sorted({rep["step"] for rep in rest})
+    assert found["tokens"] == pytest.approx(np.mean([rep["curve"][-1]["tokens_seen"] for rep in rest]))
+    assert found["params"] == whole["params"] and found["flops"] == pytest.approx(6 * found["params"] * found["tokens"])
+    table = regime.Table("t", sweep_module.load(doc["header"]["sweep"], doc["header"]["profile"]), partial, [])
+    assert regime.base_quality(table).startswith(f"{len(rest)} seeds, dev PPL ")
