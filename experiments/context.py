@@ -134,20 +134,19 @@ class Context:
         return rowstate.read(self.workdir(rep), self.eval_split, self.more_splits, self.sweep.eval_flags)
 
     def job(self, rep: Replicate, train: bool = True, splits: list[str] | None = None) -> Job:
-        """The replicate's job: training (unless `train` is False) and the evaluations of `splits`
-        (default: every split the sweep evaluates)."""
+        """The replicate's job: training (unless `train` is False), then one fxformer.evaluate of
+        `splits` (default: every split the sweep evaluates; several in one process, restored once)."""
         workdir = self.workdir(rep)
         flags = (*rep.flags(self.extra), f"--workdir={workdir}")
         logdir = default_logdir(workdir, self.sweep.name, rep.name)
-        evals = [f for split, f in self.sweep.evaluations() if splits is None or split in splits]
+        chosen = [split for split, _ in self.sweep.evaluations() if splits is None or split in splits]
         return Job(
             f"{self.sweep.name}-{rep.name}",
             flags,
             evaluate=True,
-            eval_flags=evals[0],
+            eval_flags=sweeps.with_split(self.sweep.eval_flags, ",".join(chosen)),
             logdir=logdir,
             train=train,
-            more_evals=tuple(evals[1:]),
             workdir=str(workdir),
         )
 

@@ -17,8 +17,8 @@ from fxformer.paths import is_url
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One run: fxformer.train's flags, then optionally fxformer.evaluate on the same workdir
-    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row), and
-    after it one more fxformer.evaluate for each of `more_evals` (a sweep's test set beside dev)."""
+    (or, with `train=False`, the evaluation alone: a sweep's trained but unevaluated row; a
+    sweep's `eval_flags` name every split it evaluates, `--split=validation,test`)."""
 
     name: str
     train_flags: tuple[str, ...]
@@ -26,7 +26,6 @@ class Job:
     eval_flags: tuple[str, ...] = ()
     logdir: Path = Path("logs")
     train: bool = True
-    more_evals: tuple[tuple[str, ...], ...] = ()
     hold_log: bool = False  # the logdir lies in the workdir: write nothing there until train accepts the run
     workdir: str = ""  # the run's --workdir (also among train_flags, which are passed on as given)
 
@@ -35,19 +34,18 @@ class Job:
         if given != self.workdir:  # evaluation would read another directory than training writes
             raise ValueError(f"Job {self.name}: workdir={self.workdir!r} but its train flags give --workdir={given!r}")
 
-    def evaluations(self, cluster_flags: list[str]) -> list[list[str]]:
-        """fxformer.evaluate's module and flags, once per evaluation, in order."""
-        every = (self.eval_flags, *self.more_evals)
-        return [["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *flags] for flags in every]
+    def evaluation(self, cluster_flags: list[str]) -> list[str]:
+        """fxformer.evaluate's module and flags."""
+        return ["fxformer.evaluate", *cluster_flags, f"--workdir={self.workdir}", *self.eval_flags]
 
     def worker_flags(self, rundir: str, cluster_flags: list[str]) -> list[str]:
         """The flags of `python -m experiments.worker` that run this job on one host."""
         flags = [f"--rundir={rundir}"]
-        first, *rest = self.evaluations(cluster_flags)
+        evaluation = self.evaluation(cluster_flags)
         if not self.train:
-            return [*flags, *(f"--then={shlex.join(e)}" for e in rest), "--", *first]
+            return [*flags, "--", *evaluation]
         if self.evaluate:
-            flags += [f"--then={shlex.join(e)}" for e in (first, *rest)]
+            flags.append(f"--then={shlex.join(evaluation)}")
         if self.hold_log:
             flags.append("--hold_log")
         return [*flags, "--", "fxformer.train", *cluster_flags, *self.train_flags]

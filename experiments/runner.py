@@ -125,8 +125,7 @@ def plan(ctx: Context, runs) -> int:
         job = ctx.job(rep)
         print(f"{rep.name}:")
         print(f"  python -m fxformer.train {shlex.join(job.train_flags)}")
-        for evaluation in job.evaluations([]):
-            print(f"  python -m {shlex.join(evaluation)}")
+        print(f"  python -m {shlex.join(job.evaluation([]))}")
     print()
     print("\n".join(report.layout(ctx, runs)))
     return exitcodes.OK

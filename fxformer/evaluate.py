@@ -3,6 +3,7 @@
     python -m fxformer.evaluate --workdir=runs/default
     python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --config.decode.beam_size=4
     python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
+    python -m fxformer.evaluate --workdir=runs/base --split=validation,test   # restored once, both splits
 
 Restores onto the devices at hand, whatever count trained the run. Writes
 `W/eval/<split>-<step>[-avg<k>][-best][-<decode field>=<value>...][-first<n>].json` (bleu, bleu_lc
@@ -62,13 +63,16 @@ def evaluate(
     limit: int = 0,
     log=print,
     report=None,
+    restored: inference.Restored | None = None,
 ) -> dict:
     """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split` (`step`, `average_last`:
     which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
-    if given, is called before anything is written (so a disk that fills at the end loses no score)."""
+    if given, is called before anything is written (so a disk that fills at the end loses no score).
+    `restored`: those checkpoint(s) already restored with the same `step`, `average_last` and
+    `overrides` (several splits evaluated in one process)."""
     if jax.process_index() == 0:  # before any work: the results are written at the end
         paths.check_writable(workdir.eval, "evaluation writes its results")
-    run = inference.restore(workdir, step, average_last, overrides, log)
+    run = restored or inference.restore(workdir, step, average_last, overrides, log)
     source, n, references = references_of(run.config, split, limit, log)
     examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
 
@@ -119,7 +123,12 @@ def score_file(workdir: paths.Workdir, hypotheses_file: str, split: str, limit: 
 
 def main() -> None:
     p = inferflags.parser(__doc__, "fxformer.evaluate")
-    p.add_argument("--split", default="test", help="dataset split: test (newstest2014), validation, ...")
+    p.add_argument(
+        "--split",
+        default="test",
+        help="dataset split: test (newstest2014), validation, ...; several separated by commas (validation,test) "
+        "are evaluated one after another from one restore",
+    )
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
     p.add_argument(
         "--hypotheses",
@@ -129,6 +138,13 @@ def main() -> None:
         "file's order)",
     )
     args = inferflags.parse(p)
+    splits = args.split.split(",")
+    if not all(splits) or len(set(splits)) < len(splits):
+        raise UserError(
+            f"--split={args.split}: give split names separated by commas, each once (--split=validation,test)."
+        )
+    if args.hypotheses and len(splits) > 1:
+        raise UserError(f"--hypotheses scores one split's translations, not {len(splits)}; give one --split.")
     workdir = cli.workdir(args.workdir)
     say = parallel.print_once
     if args.hypotheses:
@@ -145,11 +161,20 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    r = evaluate(workdir, args.split, args.step, args.average_last, args.overrides, args.limit, say, report)
-    say(
-        f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-        f"{r.get('path', workdir)}"
-    )
+    restored = None
+    if len(splits) > 1:  # restored once; every split checked before the first is decoded
+        if jax.process_index() == 0:
+            paths.check_writable(workdir.eval, "evaluation writes its results")
+        restored = inference.restore(workdir, args.step, args.average_last, args.overrides, say)
+        builder = corpora.prepare(restored.config.data, log=say)
+        for split in splits:
+            corpora.data_source(builder, split)
+    for split in splits:
+        r = evaluate(workdir, split, args.step, args.average_last, args.overrides, args.limit, say, report, restored)
+        say(
+            f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
+            f"{r.get('path', workdir)}"
+        )
 
 
 if __name__ == "__main__":

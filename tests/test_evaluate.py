@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import cluster_flags, cut_short, is_gloo, left_as_is, on_two_processes, own_lines
+from conftest import cluster_flags, cut_short, is_gloo, left_as_is, on_two_processes, own_lines, refused_in_process
 from conftest import run_module as run
 
 from fxformer import checkpoint, exitcodes, parallel, paths, trainstate
@@ -108,10 +108,32 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     assert cli.returncode == 0, cli.stderr
     assert float(cli.stdout.strip()) == pytest.approx(written["bleu"], abs=1e-6)
     assert f"BLEU {written['bleu']:.2f}" in result.stdout
-    again = run("fxformer.evaluate", f"--workdir={workdir}", "--average_last=1", "--limit=3", devices=1)
+    both = ["--average_last=1", "--limit=3", "--split=validation,test"]  # two splits from one restore
+    again = run("fxformer.evaluate", f"--workdir={workdir}", *both, devices=1)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (workdir / "eval" / "test-20-first3.json").exists()  # a partial run keeps its own file
     assert json.loads((workdir / "eval" / "test-20-avg2-beam_size=2.json").read_text()) == written
+    for split in ("validation", "test"):  # a partial run keeps its own file
+        partial = json.loads((workdir / "eval" / f"{split}-20-first3.json").read_text())
+        assert partial["split"] == split and partial["num_sentences"] == 3
+        assert f"results in {workdir}/eval/{split}-20-first3.json" in again.stdout
+        source = corpora.data_source(builder, split)
+        assert (workdir / "eval" / f"{split}-20-first3.ref.txt").read_text().splitlines() == [
+            source[i]["de"].decode("utf-8") for i in range(3)
+        ]
+
+
+def test_several_splits_are_checked_before_the_first_is_evaluated(eight_device_workdir, monkeypatch):
+    from fxformer import evaluate
+
+    for flag, refusal in [
+        ("--split=validation,tset", "has no split 'tset'; it has "),
+        ("--split=test,,validation", "give split names separated by commas, each once"),
+        ("--split=test,test", "give split names separated by commas, each once"),
+    ]:
+        argv = [f"--workdir={eight_device_workdir}", flag, "--limit=2"]
+        assert refusal in refused_in_process(monkeypatch, evaluate.main, argv, eight_device_workdir / "eval")
+    argv = [f"--workdir={eight_device_workdir}", "--split=validation,test", "--hypotheses=h.txt"]
+    assert "--hypotheses scores one split's translations, not 2" in refused_in_process(monkeypatch, evaluate.main, argv)
 
 
 @pytest.mark.slow

@@ -84,12 +84,12 @@ class Slurm:
             if value
         )
         train = shlex.join([a.python, "-m", "fxformer.train", *job.train_flags, "--distributed"])
-        commands = [shlex.join([a.python, "-m", *e, "--distributed"]) for e in job.evaluations([])]
-        if not job.train:  # a trained row of a sweep: the evaluations alone
-            train, *commands = commands
+        evaluation = shlex.join([a.python, "-m", *job.evaluation([]), "--distributed"])
+        if not job.train:  # a trained row of a sweep: the evaluation alone
+            train, evaluation = evaluation, ""
         elif not job.evaluate:
-            commands = []
-        evaluate = "".join(f'if [ "$status" = 0 ]; then\n  run_step {c}\n  status=$?\nfi\n' for c in commands)
+            evaluation = ""
+        evaluate = f'if [ "$status" = 0 ]; then\n  run_step {evaluation}\n  status=$?\nfi\n' if evaluation else ""
         return SCRIPT.format(
             name=job.name,
             nodes=a.nodes,
