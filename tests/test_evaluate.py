@@ -160,6 +160,12 @@ def test_evaluate_reads_the_runs_config_once_and_keeps_the_decode_options_once(
     written = json.loads((workdir.eval / "test-20-alpha=1.5-first4.json").read_text())
     assert written["decode"]["alpha"] == 1.5 and written["decode"]["beam_size"] == 4
     assert "alpha" not in written and "beam_size" not in written  # the decode options, held once
+    reads.clear()  # the command, on two splits: still one read
+    argv = [f"--workdir={workdir}", "--split=validation,test", "--step=20", "--limit=4", "--config.decode.alpha=1.5"]
+    monkeypatch.setattr(sys, "argv", ["fxformer.evaluate", *argv])
+    evaluate.main()
+    assert reads == [str(workdir.config)]
+    assert (workdir.eval / "validation-20-alpha=1.5-first4.json").exists()
 
 
 @pytest.mark.slow
