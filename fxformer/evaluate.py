@@ -173,7 +173,8 @@ def main() -> None:
         r = evaluate(workdir, split, args.step, args.average_last, args.overrides, args.limit, say, report, restored)
         say(
             f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-            f"{r.get('path', workdir)}"
+            f"{r.get('path', workdir)}",
+            flush=True,  # before the next split's progress lines (stderr), in a log that holds both
         )
 
 
