@@ -3,6 +3,8 @@ reference's noise, convergence, the plateau), and the headline count of rows tha
 
 from __future__ import annotations
 
+import functools
+
 from experiments import stats
 from experiments.cells import first_metric, fraction, share
 from experiments.rows import FRACTIONS, LATE, Row, more_splits
@@ -16,7 +18,7 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
     search = first.get("decode") or first  # the decode options; older results held them at top level too
     runs, done = sum(r.seeds_run for r in recs), sum(r.seeds_finished for r in recs)
     complete = sum(0 < r.seeds_finished == r.seeds_run for r in recs)
-    unique = lambda key: sorted({str(getattr(r, key)) for r in recs if getattr(r, key)}) or ["?"]  # noqa: E731
+    unique = functools.partial(distinct, recs)
     lines = [
         f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {done} of {runs} runs finished "
         f"(every seed of {complete} of {len(recs)} rows); collected {source['collected']}.",
@@ -47,6 +49,12 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
         )
     lines += [line for m in sweep.metrics if (line := count_line(recs, m))]
     return lines
+
+
+def distinct(recs: list[Row], key: str) -> list[str]:
+    """The rows' values of `key`, each once, sorted (a row trained at several commits holds them
+    joined, "a, b"); ["?"] if none has one."""
+    return sorted({v for r in recs if getattr(r, key) for v in str(getattr(r, key)).split(", ")}) or ["?"]
 
 
 def more_splits_note(sweep, recs: list[Row]) -> str:
