@@ -3,8 +3,6 @@ reference's noise, convergence, the plateau), and the headline count of rows tha
 
 from __future__ import annotations
 
-import functools
-
 from experiments import stats
 from experiments.cells import first_metric, fraction, share
 from experiments.rows import FRACTIONS, LATE, Row, more_splits
@@ -18,7 +16,6 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
     search = first.get("decode") or first  # the decode options; older results held them at top level too
     runs, done = sum(r.seeds_run for r in recs), sum(r.seeds_finished for r in recs)
     complete = sum(0 < r.seeds_finished == r.seeds_run for r in recs)
-    unique = functools.partial(distinct, recs)
     lines = [
         f"Sweep {sweep.name}, profile {source['profile']}, root {source['root']}; {done} of {runs} runs finished "
         f"(every seed of {complete} of {len(recs)} rows); collected {source['collected']}.",
@@ -29,8 +26,8 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
         f"sacreBLEU: {first.get('signature', '?')}; beam {search.get('beam_size', '?')}, alpha "
         f"{search.get('alpha', '?')}; split {first.get('split', '?')}, {first.get('num_sentences', '?')} sentences"
         f"{more_splits_note(sweep, recs)}; no checkpoint averaging.",
-        f"Devices: {', '.join(unique('devices'))}; global batch {', '.join(unique('tokens_per_batch'))} tokens per "
-        f"side per step; commit {', '.join(unique('commit'))}.",
+        f"Devices: {distinct(recs, 'devices')}; global batch {distinct(recs, 'tokens_per_batch')} tokens per "
+        f"side per step; commit {distinct(recs, 'commit')}.",
         statistics_note(sweep) + " " + reference_rule(sweep),
         convergence_note(sweep, recs),
     ]
@@ -51,10 +48,10 @@ def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[s
     return lines
 
 
-def distinct(recs: list[Row], key: str) -> list[str]:
-    """The rows' values of `key`, each once, sorted (a row trained at several commits holds them
-    joined, "a, b"); ["?"] if none has one."""
-    return sorted({v for r in recs if getattr(r, key) for v in str(getattr(r, key)).split(", ")}) or ["?"]
+def distinct(recs: list[Row], key: str) -> str:
+    """The rows' values of `key`, each once, sorted and joined ("a, b"; a row trained at several
+    commits holds them joined the same way); "?" if none has one."""
+    return ", ".join(sorted({v for r in recs if getattr(r, key) for v in str(getattr(r, key)).split(", ")}) or ["?"])
 
 
 def more_splits_note(sweep, recs: list[Row]) -> str:

@@ -787,5 +787,5 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
 def test_the_footer_names_each_commit_once_across_rows_trained_at_several():
     row = lambda commit, devices: types.SimpleNamespace(commit=commit, devices=devices)  # noqa: E731
     recs = [row("b2, f0", 1), row("6d, f0", 1), row("", None)]
-    assert footer.distinct(recs, "commit") == ["6d", "b2", "f0"] and footer.distinct(recs, "devices") == ["1"]
-    assert footer.distinct([row("", None)], "commit") == ["?"]
+    assert footer.distinct(recs, "commit") == "6d, b2, f0" and footer.distinct(recs, "devices") == "1"
+    assert footer.distinct([row("", None)], "commit") == "?"
