@@ -69,10 +69,8 @@ def evaluate(
     which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
     if given, is called before anything is written (so a disk that fills at the end loses no score).
     `restored`: those checkpoint(s) already restored with the same `step`, `average_last` and
-    `overrides` (several splits evaluated in one process)."""
-    if jax.process_index() == 0:  # before any work: the results are written at the end
-        paths.check_writable(workdir.eval, "evaluation writes its results")
-    run = restored or inference.restore(workdir, step, average_last, overrides, log)
+    `overrides` by a caller that checked `W/eval` writable first (several splits in one process)."""
+    run = restored or restore_writable(workdir, step, average_last, overrides, log)
     source, n, references = references_of(run.config, split, limit, log)
     examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
 
@@ -106,6 +104,14 @@ def evaluate(
         paths.write_atomic(result, json.dumps(results, indent=2) + "\n")
         results["path"] = str(result)
     return results
+
+
+def restore_writable(workdir: paths.Workdir, step, average_last, overrides, log) -> inference.Restored:
+    """`inference.restore`, after checking (on process 0) that the results can be written: before
+    any work, since they are written at the end."""
+    if jax.process_index() == 0:
+        paths.check_writable(workdir.eval, "evaluation writes its results")
+    return inference.restore(workdir, step, average_last, overrides, log)
 
 
 def score_file(workdir: paths.Workdir, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
@@ -163,9 +169,7 @@ def main() -> None:
 
     restored = None
     if len(splits) > 1:  # restored once; every split checked before the first is decoded
-        if jax.process_index() == 0:
-            paths.check_writable(workdir.eval, "evaluation writes its results")
-        restored = inference.restore(workdir, args.step, args.average_last, args.overrides, say)
+        restored = restore_writable(workdir, args.step, args.average_last, args.overrides, say)
         builder = corpora.prepare(restored.config.data, log=say)
         for split in splits:
             corpora.data_source(builder, split)
