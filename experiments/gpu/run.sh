@@ -84,8 +84,9 @@ left=$(( LIMIT - $(elapsed) ))
 echo "=== pytest with ${left} s left"
 if [ $left -gt 45 ] && [ -z "$SKIP_TESTS" ]; then
   # -o addopts= : pyproject's -q would cancel -v, and -v names each test as it ends (a run cut off still says which failed)
-  timeout $left $PY -m pytest -o addopts= -v --tb=short -p no:cacheprovider -n ${WORKERS:-8} --dist loadfile -rfEs \
+  # SIGINT at the limit: pytest then prints its summary of the tests that ran (SIGTERM ends it silently)
+  timeout -s INT -k 15 $left $PY -m pytest -o addopts= -v --tb=short -p no:cacheprovider -n ${WORKERS:-8} --dist loadfile -rfEs \
     ${TESTS:-tests/test_kernels.py tests/test_model.py tests/test_bench.py} > $OUT/pytest.log 2>&1
-  echo "pytest rc $?"; grep -E "passed|failed|error" $OUT/pytest.log | tail -n 2; grep -E "(FAILED|ERROR) " $OUT/pytest.log | head -n 20
+  echo "pytest rc $?"; [ -s $OUT/pytest.log ] || echo "pytest wrote nothing"; grep -E "passed|failed|error" $OUT/pytest.log | tail -n 2; grep -E "(FAILED|ERROR) " $OUT/pytest.log | head -n 20
 fi
 echo "=== end ($(elapsed) s); records in $OUT"
