@@ -13,7 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
+# Each process computes on one thread: the suite runs a worker per core, each starting commands,
+# so XLA's thread pools only contend (the results are the same bit for bit either way).
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {ONE_THREAD}")  # fake CPU devices
 # A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 # One compilation cache for the whole session, shared by every command the tests start: the
@@ -152,7 +155,8 @@ def train_command(workdir, data_dir, **overrides):
 
 
 def env_with_devices(n):
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    flags = f"--xla_force_host_platform_device_count={n} {ONE_THREAD}"
+    return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
 
 
 def run_module(module: str, *flags, devices: int = 1, stdin: str | None = None) -> subprocess.CompletedProcess:
