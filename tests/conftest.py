@@ -13,10 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Each process computes on one thread: the suite runs a worker per core, each starting commands,
-# so XLA's thread pools only contend (the results are the same bit for bit either way).
-ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {ONE_THREAD}")  # fake CPU devices
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 # A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 # One compilation cache for the whole session, shared by every command the tests start: the
@@ -39,8 +36,24 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # emitters instead of its fusion emitters (compiling is most of their time, running milliseconds;
 # the elemental emitters alone halve test_model's and test_decode's CPU time). The backend reads XLA_FLAGS once, here:
 # the commands the tests start as subprocesses inherit the flags without them, and compile as users' runs do.
+# An XLA that does not know a flag ends the process at once with status 1, its message lost in
+# pytest's capture (jaxlib 0.11 dropped the elemental emitters' flag): the flags are tried once in
+# a child process first (by pytest itself; its workers inherit the answer).
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def xla_knows(flags: str) -> bool:
+    """Whether this jaxlib starts its backends with `flags` in XLA_FLAGS (a child process tries)."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
+    child = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True)
+    return child.returncode == 0
+
+
+if "FXFORMER_TEST_FAST_COMPILE" not in os.environ:
+    os.environ["FXFORMER_TEST_FAST_COMPILE"] = "1" if xla_knows(FAST_COMPILE) else "0"
 _flags = os.environ["XLA_FLAGS"]
-os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+if os.environ["FXFORMER_TEST_FAST_COMPILE"] == "1":
+    os.environ["XLA_FLAGS"] = f"{_flags} {FAST_COMPILE}"
 jax.devices()
 os.environ["XLA_FLAGS"] = _flags
 import numpy as np  # noqa: E402
@@ -155,8 +168,7 @@ def train_command(workdir, data_dir, **overrides):
 
 
 def env_with_devices(n):
-    flags = f"--xla_force_host_platform_device_count={n} {ONE_THREAD}"
-    return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
 
 
 def run_module(module: str, *flags, devices: int = 1, stdin: str | None = None) -> subprocess.CompletedProcess:

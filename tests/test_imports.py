@@ -1,6 +1,7 @@
 """Importing fxformer changes nothing in the process: no error hooks, warning filters, log filters,
 writer registrations or progress-bar settings until a command runs `cli.setup_process`."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,12 @@ def test_the_library_imports_nothing_from_configs_or_experiments():
             upward = [n for n in names if n.split(".")[0] in ("configs", "experiments")]
             offenders += [f"{path.relative_to(REPO)}: {n}" for n in upward]
     assert offenders == []
+
+
+def test_the_suite_compiles_fast_only_with_xla_flags_this_jaxlib_knows():
+    """An unknown XLA flag ends a process silently under pytest's capture: conftest tries its
+    compile flags in a child first and keeps them only where the child started."""
+    from conftest import FAST_COMPILE, xla_knows
+
+    assert not xla_knows("--xla_no_such_flag_anywhere=1")
+    assert os.environ["FXFORMER_TEST_FAST_COMPILE"] == ("1" if xla_knows(FAST_COMPILE) else "0")
