@@ -17,7 +17,7 @@ PROFILE=multi30k-full:$DATA
 # (base of this profile, fxformer.bench, 25 steps): two processes at once 600-680 ms a step with
 # XLA's thread pool, 566-572 ms with one thread each; the losses of 30 training steps are
 # bit-identical either way, so the records do not depend on it.
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"
 case $STAGE in
   pilot) CALLS=("--only=base --seeds=4"); OUT=experiments/results/table3-regime/pilot ;;
   sweep) CALLS=(--only=base,D1 --only=D2,D3 --only=C1,C3 --only=C7,C5 --only=big); OUT=experiments/results/table3-regime ;;
