@@ -37,8 +37,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # the elemental emitters alone halve test_model's and test_decode's CPU time). The backend reads XLA_FLAGS once, here:
 # the commands the tests start as subprocesses inherit the flags without them, and compile as users' runs do.
 # An XLA that does not know a flag ends the process at once with status 1, its message lost in
-# pytest's capture (jaxlib 0.11 dropped the elemental emitters' flag): the flags are tried once in
-# a child process first (by pytest itself; its workers inherit the answer).
+# pytest's capture (a newer XLA that removed the elemental emitters would): the flags are tried once
+# in a child process first (by pytest itself; its workers inherit the answer).
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
