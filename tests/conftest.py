@@ -32,10 +32,12 @@ import jax  # noqa: E402
 # precision is TF32 (about 1e-3 relative), which those comparisons would measure instead of the
 # code. Full float32 here; a CPU computes in full float32 either way. Bfloat16 tests are unaffected.
 jax.config.update("jax_default_matmul_precision", "highest")
-# The tests' own tiny programs compile with LLVM's optimisations off and XLA's older elemental
+# The tests' tiny programs compile with LLVM's optimisations off and XLA's older elemental
 # emitters instead of its fusion emitters (compiling is most of their time, running milliseconds;
-# the elemental emitters alone halve test_model's and test_decode's CPU time). The backend reads XLA_FLAGS once, here:
-# the commands the tests start as subprocesses inherit the flags without them, and compile as users' runs do.
+# the elemental emitters alone halve test_model's and test_decode's CPU time). The commands the
+# tests start as subprocesses compile so too (`env_with_devices`; a fifth less CPU for the
+# files of commands), except one end to end (`as_users=True`: test_multi30k's prepare, train and
+# evaluate), which compiles as users' runs do.
 # An XLA that does not know a flag ends the process at once with status 1, its message lost in
 # pytest's capture (a newer XLA that removed the elemental emitters would): the flags are tried once
 # in a child process first (by pytest itself; its workers inherit the answer).
@@ -51,11 +53,10 @@ def xla_knows(flags: str) -> bool:
 
 if "FXFORMER_TEST_FAST_COMPILE" not in os.environ:
     os.environ["FXFORMER_TEST_FAST_COMPILE"] = "1" if xla_knows(FAST_COMPILE) else "0"
-_flags = os.environ["XLA_FLAGS"]
-if os.environ["FXFORMER_TEST_FAST_COMPILE"] == "1":
-    os.environ["XLA_FLAGS"] = f"{_flags} {FAST_COMPILE}"
+FAST_FLAGS = f" {FAST_COMPILE}" if os.environ["FXFORMER_TEST_FAST_COMPILE"] == "1" else ""
+if FAST_FLAGS not in os.environ["XLA_FLAGS"]:  # read once, here, by the backend; xdist workers inherit it
+    os.environ["XLA_FLAGS"] += FAST_FLAGS
 jax.devices()
-os.environ["XLA_FLAGS"] = _flags
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from etils import epath  # noqa: E402
@@ -167,8 +168,11 @@ def train_command(workdir, data_dir, **overrides):
     ]
 
 
-def env_with_devices(n):
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+def env_with_devices(n, as_users: bool = False):
+    """The environment of a command on `n` fake CPU devices, compiling as the tests do (FAST_COMPILE,
+    where this XLA knows it) or, `as_users`, as users' runs do."""
+    flags = f"--xla_force_host_platform_device_count={n}" + ("" if as_users else FAST_FLAGS)
+    return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
 
 
 def run_module(module: str, *flags, devices: int = 1, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -72,7 +72,7 @@ def test_prepare_train_and_evaluate_on_test2016(multi30k_folder, tmp_path):
     config = f"--config=configs/multi30k.py:{multi30k_folder}"
     data_dir = f"--config.data.tfds_data_dir={tmp_path / 'tfds'}"
     run = lambda *argv: subprocess.run(
-        [sys.executable, "-m", *argv], env=env_with_devices(1), capture_output=True, text=True
+        [sys.executable, "-m", *argv], env=env_with_devices(1, as_users=True), capture_output=True, text=True
     )
     prepared = run("fxformer.data", config, data_dir, *TINY)
     assert prepared.returncode == 0, prepared.stderr[-2000:]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ended, left_as_is
+from conftest import ended, env_with_devices, left_as_is
 from test_launch import SLURM_2X8, TPU_4_WORKERS, golden_dry_run
 
 from experiments import __main__ as experiments_main
@@ -54,7 +54,7 @@ def sweep_command(*argv, data_dir=None, extra=()):
 
 
 def sweep_env() -> dict:
-    return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    return env_with_devices(1)
 
 
 def experiments(*argv, data_dir=None, extra=(), **kwargs):
