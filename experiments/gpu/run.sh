@@ -35,14 +35,18 @@ elapsed() { echo $(( $(date +%s) - start )); }
 bench base_full "X=1" $PY -m fxformer.bench --config=$CONFIG --config.model.dtype=$DTYPE \
   --config.model.attention_impl=$ATTN --steps=20 --decode_batch=0 --json "${SHAPES[@]}"
 
-# 2. the packed batch, as it is and with each option: two processes, each timing its steps in turns
+# 2. the packed batch (and one sentence a row), as it is and with each option: two processes, each timing its steps in turns
 # against its own copy of the step as it is; the new kernels (Triton, cuDNN's packed layout) in the
 # second, so that a kernel that brings its process down leaves the first's records standing
-XLA_ONLY=(
+XLA_ONLY=(  # the options without new kernels, on the packed batch and on one sentence a row (_f)
   base:packed
+  fused_norm:packed:residual_norm=fused
   one_pass:packed:loss_impl=one_pass
   bytes:packed:dropout_bits=8
-  fused_norm:packed:residual_norm=fused
+  base_f:full
+  fused_norm_f:full:residual_norm=fused
+  one_pass_f:full:loss_impl=one_pass
+  bytes_f:full:dropout_bits=8
 )
 KERNELS=(
   base_k:packed
