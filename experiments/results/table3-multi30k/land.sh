@@ -1,6 +1,6 @@
 #!/bin/bash
 # land.sh ROOT OUT PID: how this folder's records landed while the sweep ran. Every 5 minutes while
-# the sweep's process PID lives (and once after it ends), if more runs have finished since the last
+# the sweep's process PID lives (and once, within 10 s, after it ends), if more runs have finished since the last
 # look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the checkout's code, and a
 # commit of OUT alone ("records of N finished runs"), so that a new machine loses only the runs in flight.
 #   PID=$(pgrep -f "experiments run table3" | head -1)
@@ -18,5 +18,5 @@ while true; do
     last=$n
   fi
   [ $alive = 0 ] && break
-  sleep 300
+  for _ in $(seq 30); do kill -0 $PID 2>/dev/null || break; sleep 10; done  # 5 minutes, or until PID ends
 done
