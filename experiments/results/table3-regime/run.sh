@@ -13,7 +13,7 @@ set -u
 STAGE=$1; ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(git -C "$HERE" rev-parse --show-toplevel); cd "$REPO" || exit 1
 PROFILE=multi30k-full:$DATA
-# Two runs share the two cores: each XLA computation on one thread. Measured on this 2-core machine
+# Two runs share the two cores: each XLA computation on one thread. Measured on a 2-core machine
 # (base of this profile, fxformer.bench, 25 steps): two processes at once 600-680 ms a step with
 # XLA's thread pool, 566-572 ms with one thread each; the losses of 30 training steps are
 # bit-identical either way, so the records do not depend on it.
