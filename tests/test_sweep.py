@@ -53,15 +53,11 @@ def sweep_command(*argv, data_dir=None, extra=()):
     return [sys.executable, "-m", "experiments", *argv, *tail]
 
 
-def sweep_env() -> dict:
-    return env_with_devices(1)
-
-
 def experiments(*argv, data_dir=None, extra=(), **kwargs):
     return subprocess.run(
         sweep_command(*argv, data_dir=data_dir, extra=extra),
         cwd=REPO,
-        env=sweep_env(),
+        env=env_with_devices(1),
         capture_output=True,
         text=True,
         **kwargs,
@@ -73,7 +69,7 @@ def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, log: Pat
     nobody reads while it runs could fill and stall it), returned once `checkpoints` holds step 10
     or later."""
     with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
-        launcher = subprocess.Popen(argv, cwd=REPO, env=sweep_env(), stdout=out, stderr=err)
+        launcher = subprocess.Popen(argv, cwd=REPO, env=env_with_devices(1), stdout=out, stderr=err)
     deadline = time.time() + timeout_s
     while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
         assert launcher.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
