@@ -2,8 +2,9 @@
 # One prepared GPU call for the packing-aware options (fxformer/kernels/; model.segment_attention,
 # dropout_bits, residual_norm, loss_impl): the base bf16 step as it is (fxformer.bench, the README's
 # command), then in one process (experiments/gpu/variants.py, timed in turns) the step on the packed
-# batch as it is and with each option, then the Flax WMT example's step beside fxformer's on the
-# packed batch (experiments/gpu/peer.py), then the GPU tests with the time left; a summary last.
+# batch (and, for the options without new kernels, on one sentence a row) as it is and with each
+# option, then the Flax WMT example's step beside fxformer's on the packed batch
+# (experiments/gpu/peer.py), then the GPU tests with the time left; a summary last.
 #
 # On the device machine, from the repository root, carrying .whl (experiments/gpu/wheels.txt) and
 # .peer (google/flax's examples/wmt/models.py, see experiments/gpu/peer.py):
@@ -35,9 +36,10 @@ elapsed() { echo $(( $(date +%s) - start )); }
 bench base_full "X=1" $PY -m fxformer.bench --config=$CONFIG --config.model.dtype=$DTYPE \
   --config.model.attention_impl=$ATTN --steps=20 --decode_batch=0 --json "${SHAPES[@]}"
 
-# 2. the packed batch (and one sentence a row), as it is and with each option: two processes, each timing its steps in turns
-# against its own copy of the step as it is; the new kernels (Triton, cuDNN's packed layout) in the
-# second, so that a kernel that brings its process down leaves the first's records standing
+# 2. the packed batch (and one sentence a row), as it is and with each option: two processes, each
+# timing its steps in turns against its own copy of the step as it is; the new kernels (Triton,
+# cuDNN's packed layout) in the second, so that a kernel that brings its process down leaves the
+# first's records standing
 XLA_ONLY=(  # the options without new kernels, on the packed batch and on one sentence a row (_f)
   base:packed
   fused_norm:packed:residual_norm=fused
