@@ -29,7 +29,7 @@ import re
 import time
 
 from experiments import rowstate
-from fxformer import paths, versions
+from fxformer import metrics, paths, versions
 from fxformer.errors import UserError
 
 FORMAT = 1
@@ -110,7 +110,7 @@ def environment() -> dict:
 def curve(workdir: paths.Workdir) -> list[dict]:
     """The learning curve of a run: each logged line's step, tokens seen, train loss, dev PPL and BLEU."""
     points = []
-    for line in workdir.logged():
+    for line in metrics.logged(workdir):
         point = {key: line[key] for key in CURVE_KEYS if key in line}
         if len(point) > 1 and "step" in point:
             points.append(point)

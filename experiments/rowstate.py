@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from etils import epath
 
 from experiments.cli import flag_value
-from fxformer import configfile, paths
+from fxformer import configfile, metrics, paths
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
 
@@ -169,7 +169,7 @@ def read(
     if w.sweep_status.exists():
         fix = "delete it and run the sweep again (the row's checkpoints are kept and it resumes)"
         row.status = read_json(w.sweep_status, "the sweep's record of this row", fix)
-    logged = w.logged()
+    logged = metrics.logged(w)
     if w.config.exists():  # checked as every command checks it
         config = load_workdir_config(w)
         row.config = config.to_dict()
@@ -177,8 +177,8 @@ def read(
         row.decode = configfile.decode_changes(config, configfile.overrides(decode_flags), w)
         row.average = int(flag_value(list(eval_flags), "average_last") or config.average_last)
         c = row.config
-        plateau = w.early_end(
-            c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
+        plateau = metrics.early_end(
+            w, c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
         )
         row.early_end = plateau or row.status.get("early_end")  # or, restored from records, what they told
     row.checkpoint_steps = w.checkpoint_steps()

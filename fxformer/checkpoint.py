@@ -21,27 +21,27 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
-from fxformer import paths
+from fxformer import metrics, paths
 from fxformer.errors import UserError
 
 
-def open_manager(directory: paths.PathLike, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
-    """A manager over `directory` (a local path or a URL) keeping the last `keep` steps (0 = all)."""
+def open_manager(directory: epath.Path, keep: int = 0, asynchronous: bool = True) -> ocp.CheckpointManager:
+    """A manager over `directory` (an absolute local path, as a `paths.Workdir`'s parts are, or a
+    URL) keeping the last `keep` steps (0 = all)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep or None, enable_async_checkpointing=asynchronous, create=True
     )
-    return ocp.CheckpointManager(paths.absolute(directory), options=options)
+    return ocp.CheckpointManager(directory, options=options)
 
 
 TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
 
 
-def remove_unfinished(directory: epath.Path, log=print) -> None:
+def remove_unfinished(directory: epath.Path, complete: list[int], log=print) -> None:
     """Delete the saves that never finished (a kill during a save): temporary directories on a disk,
-    step directories without orbax's commit file in a bucket (`paths.complete_steps`)."""
+    step directories without orbax's commit file in a bucket (`complete`: `paths.complete_steps`)."""
     if not directory.exists():
         return
-    complete = set(paths.complete_steps(directory))
     for path in directory.iterdir():
         if TEMPORARY in path.name or path.name.isdigit() and int(path.name) not in complete:
             log(f"removing {path}: a save that never finished")
@@ -178,7 +178,7 @@ def shape_mismatch(directory, step: int, abstract_params) -> str | None:
     checkpoint vs 300 x 32'), or None when they match or the metadata cannot be read (then the
     restore itself reports what is wrong)."""
     try:
-        meta = ocp.PyTreeCheckpointHandler().metadata(paths.absolute(directory) / str(step) / "state")
+        meta = ocp.PyTreeCheckpointHandler().metadata(directory / str(step) / "state")
         saved_tree = getattr(meta, "tree", meta)["params"]
     except Exception:  # noqa: BLE001 - unreadable metadata: the restore names the damage
         return None
@@ -276,7 +276,7 @@ class Best:
     kept apart from the rotating last K: lower is better for perplexity and loss, higher for
     accuracy and BLEU. A resumed run keeps competing with the best saved before. Early stopping
     counts the evaluations since the last improvement (`stale`): one better than the last
-    improvement by at least `min_delta` of it (0: any better one; `paths.plateau_counts`)."""
+    improvement by at least `min_delta` of it (0: any better one; `metrics.plateau_counts`)."""
 
     def __init__(
         self,
@@ -308,13 +308,13 @@ class Best:
     @property
     def stale(self) -> int:
         """Dev evaluations since the last improvement, for early stopping."""
-        higher = self.metric in paths.HIGHER_IS_BETTER
-        return paths.plateau_counts(self.evaluations, higher, self.min_delta)[-1] if self.evaluations else 0
+        higher = self.metric in metrics.HIGHER_IS_BETTER
+        return metrics.plateau_counts(self.evaluations, higher, self.min_delta)[-1] if self.evaluations else 0
 
     def better(self, value: float) -> bool:
         if self.value is None:
             return True
-        return value > self.value if self.metric in paths.HIGHER_IS_BETTER else value < self.value
+        return value > self.value if self.metric in metrics.HIGHER_IS_BETTER else value < self.value
 
     def offer(self, step: int, metrics: dict, params, log=print) -> None:
         """Keep `params` if `metrics[metric]` beats the best so far; count it for early stopping."""

@@ -51,7 +51,8 @@ def restore_or_start(
     """(checkpoint manager, state, its step): the latest checkpoint (the data iterator moved to its
     position), or `new_state()`; leftovers of saves that never finished are removed first."""
     if jax.process_index() == 0:
-        checkpoint.remove_unfinished(workdir.checkpoints, log)
+        complete = workdir.checkpoint_steps()
+        checkpoint.remove_unfinished(workdir.checkpoints, complete, log)
     manager = checkpoint.open_manager(workdir.checkpoints, config.keep_checkpoints)
     start_step = manager.latest_step() or 0
     if start_step:
@@ -66,7 +67,7 @@ def restore_or_start(
                 "resume on as many devices for an exact continuation"
             )
         return manager, state, start_step
-    if workdir.logged():
+    if workdir.metrics.exists():
         log(f"warning: {workdir} has metrics from an earlier run but no checkpoint: training starts from step 0")
     return manager, new_state(), 0
 

@@ -1,4 +1,5 @@
-"""Where a run's numbers go: `W/metrics.jsonl`, TensorBoard event files (no TensorFlow), the console.
+"""Where a run's numbers go (`W/metrics.jsonl`, TensorBoard event files without TensorFlow, the
+console), and how they are read back: the logged lines, the dev plateau that early stopping counts.
 
 `metrics.jsonl` is written through `etils.epath` (object stores cannot append, so each write
 replaces the whole small file, atomically); the event files through tensorboardX, whose writers
@@ -12,25 +13,81 @@ import io
 import json
 import math
 import time
+from collections.abc import Sequence
 
 from fxformer import paths
 from fxformer.timefmt import duration
 
+HIGHER_IS_BETTER = ("dev_accuracy", "dev_bleu")  # dev metrics whose best is the highest (the others: lowest)
+
+
+def step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a line without one (cut short by a kill, or
+    damaged: not a JSON object with an integer step)."""
+    try:
+        step = json.loads(line).get("step")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def logged(workdir: paths.Workdir, up_to: int | None = None) -> list[dict]:
+    """The lines of `W/metrics.jsonl` with an integer step (up to step `up_to`), in order ([]
+    before the first log step); a line cut short by a kill or otherwise damaged is passed over."""
+    if not workdir.metrics.exists():
+        return []
+    kept = lambda step: step is not None and (up_to is None or step <= up_to)  # noqa: E731
+    return [json.loads(line) for line in workdir.metrics.read_text().splitlines() if kept(step_of(line))]
+
+
+def plateau_counts(values: Sequence[float], higher: bool, min_delta: float = 0.0) -> list[int]:
+    """After each dev evaluation of `values` (in order), how many have passed since the last
+    improvement: a value better than the reference (the last improvement's value; the first value
+    is one) by at least `min_delta` of it (0.01: 1%; 0: any better value counts)."""
+    counts, reference, count = [], None, 0
+    for value in values:
+        better = reference is None or (value > reference if higher else value < reference)
+        if better and (reference is None or abs(value - reference) >= min_delta * abs(reference)):
+            reference, count = value, 0
+        else:
+            count += 1
+        counts.append(count)
+    return counts
+
+
+def early_end(
+    workdir: paths.Workdir, metric: str, patience: int, lines: list[dict] | None = None, min_delta: float = 0.0
+) -> int | None:
+    """The step at which early stopping ended the run in `workdir`: the `patience`-th dev
+    evaluation of `metric` without an improvement (`plateau_counts` with `min_delta`), when the
+    run's evaluations end in such a streak; or None. `lines`: `logged(workdir)` if the caller
+    has read it already."""
+    if not metric or patience <= 0 or not paths.complete_steps(workdir.best):  # no best/: nothing was counted
+        return None
+    evals = [line for line in (logged(workdir) if lines is None else lines) if metric in line]
+    counts = plateau_counts([line[metric] for line in evals], metric in HIGHER_IS_BETTER, min_delta)
+    if not counts or counts[-1] < patience:
+        return None
+    return evals[len(evals) - 1 - (counts[-1] - patience)]["step"]
+
 
 class MetricWriter:
-    """One JSON object per logged step in `metrics.jsonl`, and the same scalars for TensorBoard."""
+    """One JSON object per logged step in `metrics.jsonl`, and the same scalars for TensorBoard.
 
-    def __init__(self, workdir: paths.Workdir, resume_step: int = 0, enabled: bool = True):
+    It goes on from `kept`, the lines up to `resume_step` (`logged(workdir, resume_step)`): a
+    resumed run rewrites the file without what came after its checkpoint. Only the process
+    `enabled` writes."""
+
+    def __init__(self, workdir: paths.Workdir, kept: list[dict], resume_step: int = 0, enabled: bool = True):
         self.enabled = enabled
         self.path = workdir.metrics
-        self.lines: list[str] = []
+        self.lines = [json.dumps(line) for line in kept]
         if not enabled:
             return
         register_url_writers()  # and tensorboardX imported: only a process that writes metrics needs it
-        if self.path.exists():  # a resumed run rewrites what came after its checkpoint
-            kept = lambda step: step is not None and step <= resume_step  # noqa: E731 - a damaged line is dropped
-            self.lines = [line for line in self.path.read_text().splitlines() if kept(paths.metrics_step(line))]
-            paths.write_atomic(self.path, self._text())
+        if self.path.exists():
+            text = self._text()
+            paths.write_atomic(self.path, text)
         from tensorboardX import SummaryWriter
 
         self.tensorboard = SummaryWriter(logdir=str(workdir.tensorboard), purge_step=resume_step + 1)
@@ -39,8 +96,12 @@ class MetricWriter:
         return "".join(line + "\n" for line in self.lines)
 
     def last(self) -> dict:
-        """The last line kept from before this attempt ({} for a new run, or on other processes)."""
+        """The last line kept from before this attempt ({} for a new run)."""
         return json.loads(self.lines[-1]) if self.lines else {}
+
+    def logged(self) -> list[dict]:
+        """The run's lines so far: those up to `resume_step`, then this attempt's."""
+        return [json.loads(line) for line in self.lines]
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import json
 import os
 import socket
-from collections.abc import Sequence
 
 from etils import epath
 
@@ -162,34 +160,6 @@ def complete_steps(directory: epath.Path) -> list[int]:
     return sorted(int(p.name) for p in steps)
 
 
-HIGHER_IS_BETTER = ("dev_accuracy", "dev_bleu")  # dev metrics whose best is the highest (the others: lowest)
-
-
-def plateau_counts(values: Sequence[float], higher: bool, min_delta: float = 0.0) -> list[int]:
-    """After each dev evaluation of `values` (in order), how many have passed since the last
-    improvement: a value better than the reference (the last improvement's value; the first value
-    is one) by at least `min_delta` of it (0.01: 1%; 0: any better value counts)."""
-    counts, reference, count = [], None, 0
-    for value in values:
-        better = reference is None or (value > reference if higher else value < reference)
-        if better and (reference is None or abs(value - reference) >= min_delta * abs(reference)):
-            reference, count = value, 0
-        else:
-            count += 1
-        counts.append(count)
-    return counts
-
-
-def metrics_step(line: str) -> int | None:
-    """The step of a metrics.jsonl line; None for a line without one (cut short by a kill, or
-    damaged: not a JSON object with an integer step)."""
-    try:
-        step = json.loads(line).get("step")
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
 def checkpoint_label(steps: list[int], best: bool = False) -> str:
     """How a result names the parameters it came from: the last step, `-avg<k>` for an average of
     k checkpoints, `-best` for the best by dev metric (`600`, `600-avg5`, `600-best`)."""
@@ -202,10 +172,10 @@ class Workdir:
     `W/averaged/last<k>/<step>`, `W/eval/`, `W/metrics.jsonl`, `W/tensorboard/`, and
     `W/sweep.json` when a sweep runs it (experiments/rowstate.py)."""
 
-    root: epath.Path
+    root: epath.Path  # absolute (a URL as given): every part of it goes to orbax as it is
 
     def __init__(self, root: PathLike):
-        object.__setattr__(self, "root", as_path(root))
+        object.__setattr__(self, "root", absolute(root))
 
     def __str__(self) -> str:
         return os.fspath(self.root)
@@ -267,29 +237,6 @@ class Workdir:
     def metrics(self) -> epath.Path:
         """One JSON object per logged step."""
         return self.root / "metrics.jsonl"
-
-    def logged(self) -> list[dict]:
-        """The lines of `metrics.jsonl` with an integer step, in order ([] before the first log
-        step); a line cut short by a kill or otherwise damaged is passed over."""
-        if not self.metrics.exists():
-            return []
-        lines = [line for line in self.metrics.read_text().splitlines() if metrics_step(line) is not None]
-        return [json.loads(line) for line in lines]
-
-    def early_end(
-        self, metric: str, patience: int, logged: list[dict] | None = None, min_delta: float = 0.0
-    ) -> int | None:
-        """The step at which early stopping ended this run: the `patience`-th dev evaluation of
-        `metric` without an improvement (`plateau_counts` with `min_delta`), when the run's
-        evaluations end in such a streak; or None. `logged`: `self.logged()` if the caller has
-        read it already."""
-        if not metric or patience <= 0 or not complete_steps(self.best):  # no best/: nothing was counted
-            return None
-        evals = [line for line in (self.logged() if logged is None else logged) if metric in line]
-        counts = plateau_counts([line[metric] for line in evals], metric in HIGHER_IS_BETTER, min_delta)
-        if not counts or counts[-1] < patience:
-            return None
-        return evals[len(evals) - 1 - (counts[-1] - patience)]["step"]
 
     @property
     def tensorboard(self) -> epath.Path:

@@ -12,7 +12,7 @@ tokens_seen, epochs, wall_s, minutes); several workdirs are overlaid, labelled b
 
 from __future__ import annotations
 
-from fxformer import cli, paths, png
+from fxformer import cli, metrics, paths, png
 from fxformer.errors import UserError
 
 PANELS = (
@@ -39,7 +39,7 @@ def x_value(line: dict, x: str) -> float | None:
 
 
 def read_metrics(workdir: paths.PathLike) -> list[dict]:
-    logged = paths.Workdir(workdir).logged()
+    logged = metrics.logged(paths.Workdir(workdir))
     if not logged:
         raise UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")
     return logged

@@ -27,7 +27,7 @@ import ml_collections
 import optax
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, cli, exitcodes, inference, lifecycle, optim, parallel, paths, trainstate
+from fxformer import checkpoint, cli, exitcodes, inference, lifecycle, metrics, optim, parallel, paths, trainstate
 from fxformer.config import check_workdir_config, load_workdir_config, validate, write_workdir_config
 from fxformer.data import corpora, pipeline, token_ids, tokenized, tokenizer_for
 from fxformer.errors import UserError
@@ -173,8 +173,8 @@ class Books:
     @classmethod
     def start(cls, config: ml_collections.ConfigDict, workdir: paths.Workdir, start_step: int, vocab_size: int):
         """The books of a run that starts (or resumes) at `start_step`: its metrics so far count."""
-        writer = MetricWriter(workdir, start_step, enabled=jax.process_index() == 0)
-        logged = workdir.logged()
+        logged = metrics.logged(workdir, up_to=start_step)
+        writer = MetricWriter(workdir, logged, start_step, enabled=jax.process_index() == 0)
         return cls(
             step=start_step,
             start_step=start_step,
@@ -185,13 +185,13 @@ class Books:
             recorded=start_step == 0,
         )
 
-    def stepped(self, metrics: dict, pairs: int) -> None:
+    def stepped(self, step_metrics: dict, pairs: int) -> None:
         """A step was dispatched: its metrics pending (on the devices), its training pairs counted."""
         self.step += 1
         self.progress.pairs += pairs
-        self.pending.append(metrics)
+        self.pending.append(step_metrics)
         if self.progress.window is None:  # the first step compiles; measure speed from the second on
-            jax.block_until_ready(metrics)
+            jax.block_until_ready(step_metrics)
             self.progress.first_step(self.step)
 
     def save_for_time(self, config: ml_collections.ConfigDict) -> bool:
@@ -250,8 +250,8 @@ def train_loop(run: Run, state: TrainState, books: Books, stop: StopRequest, log
     while books.step < config.num_train_steps:
         local, batch = next(run.batches)
         pairs = pipeline.pairs_in(local) * jax.process_count()  # the processes read equal shares
-        state, metrics = run.train_step(state, batch)
-        books.stepped(metrics, pairs)
+        state, step_metrics = run.train_step(state, batch)
+        books.stepped(step_metrics, pairs)
 
         agreed = lifecycle.agree(config, books.step, stop, books.progress, time_due=books.save_for_time(config))
         due = what_is_due(config, books.step, agreed, measures_bleu=run.dev.bleu is not None)
@@ -297,7 +297,7 @@ def make_up_evaluation(run: Run, params, books: Books, log) -> None:
     count every evaluation an uninterrupted run would. Every process decides alike, from the
     metrics file."""
     step, config = books.step, run.config
-    lines = [line for line in run.workdir.logged() if line["step"] == step] if step else []
+    lines = [line for line in books.writer.logged() if line["step"] == step] if step else []
     if not lines:
         return
     line = lines[-1]

@@ -19,6 +19,7 @@ from test_train import read_tensorboard_scalars
 
 from fxformer import checkpoint, evaluate, paths, train
 from fxformer.config import with_overrides
+from fxformer.metrics import early_end, logged, plateau_counts
 
 
 @pytest.fixture
@@ -88,10 +89,10 @@ def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypat
 
 def test_the_workdir_names_its_results_and_reads_its_metrics_past_damaged_lines(tmp_path):
     w = paths.Workdir(tmp_path)
-    assert w.logged() == [] and w.checkpoint_steps() == []
+    assert logged(w) == [] and w.checkpoint_steps() == []
     lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', "[3]", '{"step": true}', '{"step": 2, "loss": 1.5}', '{"st']
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert w.logged() == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    assert logged(w) == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
     for name in ("10", "20", "30.orbax-checkpoint-tmp-123", "tmp"):
         (tmp_path / "checkpoints" / name).mkdir(parents=True)
     assert w.checkpoint_steps() == [10, 20]
@@ -108,7 +109,7 @@ def test_a_checkpoint_in_a_bucket_is_complete_once_orbax_has_written_its_commit_
     (run.checkpoints / "3" / "state").mkdir(parents=True)  # a save cut short: no commit file
     (run.checkpoints / "3" / "state" / "x").write_text("")
     assert run.checkpoint_steps() == [2]
-    checkpoint.remove_unfinished(run.checkpoints, log=lambda *a: None)  # as a resume does before restoring
+    checkpoint.remove_unfinished(run.checkpoints, [2], log=lambda *a: None)  # as a resume does before restoring
     assert [p.name for p in run.checkpoints.iterdir()] == ["2"]
 
 
@@ -166,25 +167,25 @@ def test_early_stopping_counts_the_dev_evaluations_after_the_best_one(tmp_path):
         {"step": 80, "dev_ppl": 8.1},
     ]
     run.metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert run.early_end("dev_ppl", 2) is None  # no best/ yet: nothing to count from
+    assert early_end(run, "dev_ppl", 2) is None  # no best/ yet: nothing to count from
     (run.best / "40").mkdir(parents=True)
-    assert run.early_end("dev_ppl", 2) == 80 and run.early_end("dev_ppl", 1) == 60
-    assert run.early_end("dev_ppl", 3) is None and run.early_end("dev_ppl", 0) is None
-    assert run.early_end("", 2) is None
+    assert early_end(run, "dev_ppl", 2) == 80 and early_end(run, "dev_ppl", 1) == 60
+    assert early_end(run, "dev_ppl", 3) is None and early_end(run, "dev_ppl", 0) is None
+    assert early_end(run, "", 2) is None
     # a smallest improvement of 10%: 8.0 is 11% better than 9.0, 8.1 is not 10% better than 8.0
-    assert run.early_end("dev_ppl", 2, min_delta=0.1) == 80
-    assert run.early_end("dev_ppl", 2, min_delta=0.2) == 60  # 8.0 is not 20% better than 9.0 either
+    assert early_end(run, "dev_ppl", 2, min_delta=0.1) == 80
+    assert early_end(run, "dev_ppl", 2, min_delta=0.2) == 60  # 8.0 is not 20% better than 9.0 either
 
 
 def test_plateau_counts_restart_only_at_an_improvement_by_the_smallest_share():
     values = [10.0, 9.0, 8.95, 8.92, 8.0, 8.1, 7.96]
-    assert paths.plateau_counts(values, higher=False) == [0, 0, 0, 0, 0, 1, 0]  # any better value
+    assert plateau_counts(values, higher=False) == [0, 0, 0, 0, 0, 1, 0]  # any better value
     # 1%: 8.95 and 8.92 are within 1% of 9.0 (8.91 is the bound); 8.0 is not; 7.96 is 0.5% below 8.0
-    assert paths.plateau_counts(values, higher=False, min_delta=0.01) == [0, 0, 1, 2, 0, 1, 2]
+    assert plateau_counts(values, higher=False, min_delta=0.01) == [0, 0, 1, 2, 0, 1, 2]
     bleu = [20.0, 20.1, 21.0, 20.5, 21.1]
-    assert paths.plateau_counts(bleu, higher=True) == [0, 0, 0, 1, 0]
-    assert paths.plateau_counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
-    assert paths.plateau_counts([], higher=False) == []
+    assert plateau_counts(bleu, higher=True) == [0, 0, 0, 1, 0]
+    assert plateau_counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
+    assert plateau_counts([], higher=False) == []
 
 
 PROBES = """

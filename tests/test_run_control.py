@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import env_with_devices, left_as_is, logged, run_module, run_train, snapshot, train_command
 
-from fxformer import exitcodes, paths, tokens
+from fxformer import exitcodes, metrics, paths, tokens
 from fxformer.data import pipeline
 
 
@@ -56,7 +56,7 @@ def test_a_time_budget_stops_with_a_checkpoint_and_the_next_run_goes_on(tmp_path
     assert resumed.returncode == exitcodes.OK, resumed.stderr[-2000:]
     assert f"step {saved[0]}: the dev evaluation its stop passed over, made up: dev_ppl" in resumed.stdout
     assert list(logged(workdir, "dev_ppl")) == list(range(1, saved[0] + 2))
-    steps = [line["step"] for line in paths.Workdir(workdir).logged()]
+    steps = [line["step"] for line in metrics.logged(paths.Workdir(workdir))]
     assert len(steps) == len(set(steps)), steps  # the line of the stop's step amended, not a second one
 
 
@@ -179,7 +179,7 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     assert "early stopping" in result.stdout
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
-    assert paths.Workdir(workdir).early_end("dev_accuracy", 1) == saved
+    assert metrics.early_end(paths.Workdir(workdir), "dev_accuracy", 1) == saved
     before = snapshot(workdir)
     again = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)  # the same command
     assert again.returncode == exitcodes.OK, again.stderr[-2000:]
@@ -201,7 +201,7 @@ def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_
     assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping)" in result.stdout
     ppl = logged(workdir, "dev_ppl")
     assert list(ppl) == [2, 4, 6]
-    assert paths.Workdir(workdir).early_end("dev_ppl", 2, min_delta=0.99) == 6
+    assert metrics.early_end(paths.Workdir(workdir), "dev_ppl", 2, min_delta=0.99) == 6
     kept = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
     assert min(ppl, key=ppl.get) != 2  # the 99% rule's one improvement is step 2: a lower point later tells them apart
     assert kept == [min(ppl, key=ppl.get)]  # model selection still takes any lower perplexity
@@ -251,10 +251,13 @@ def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
 
     lines = ['{"step": 1, "loss": 2.0}', '{"step": null}', '{"step": 2, "loss": 1.5}', '{"step": "x"}', '{"step": 9']
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    writer = MetricWriter(paths.Workdir(tmp_path), resume_step=2)
+    kept = metrics.logged(paths.Workdir(tmp_path), up_to=2)
+    assert kept == [json.loads(lines[0]), json.loads(lines[2])]
+    assert metrics.logged(paths.Workdir(tmp_path), up_to=1) == [json.loads(lines[0])]
+    writer = MetricWriter(paths.Workdir(tmp_path), kept, resume_step=2)
     writer.close()
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [lines[0], lines[2]]
-    assert writer.last() == {"step": 2, "loss": 1.5}
+    assert writer.last() == {"step": 2, "loss": 1.5} and writer.logged() == kept
 
 
 @pytest.mark.slow

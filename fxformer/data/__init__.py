@@ -33,7 +33,11 @@ def tokenizer_for(
 
     name = f"tokenizer-bpe{data.vocab_size}-{data.source_lang}{data.target_lang}-{data.tokenizer_sentences}.model"
     cache = paths.as_path(builder.data_dir) / name
-    return cached_tokenizer(cache, sentences, data.vocab_size, data.tokenizer_sentences, workdir, log=log)
+    tokenizer = cached_tokenizer(cache, sentences, data.vocab_size, data.tokenizer_sentences, log=log)
+    if workdir is not None:
+        workdir.root.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(workdir.tokenizer, tokenizer.proto)
+    return tokenizer
 
 
 def token_ids(data: ml_collections.ConfigDict, builder, tokenizer: Tokenizer, log=print):

@@ -34,7 +34,7 @@ READ_CHUNK = 8192  # records read (and encoded) at a time while building
 def folder(data_dir: paths.PathLike, tokenizer: Tokenizer, source_lang: str, target_lang: str):
     """Where a dataset's ids for `tokenizer` from `source_lang` to `target_lang` live: keyed by the
     tokenizer model's bytes and the direction (which side is `inputs`)."""
-    digest = hashlib.sha1(tokenizer.path.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha1(tokenizer.proto).hexdigest()[:12]
     return paths.as_path(data_dir) / f"ids-{digest}-{source_lang}-{target_lang}"
 
 

@@ -24,7 +24,8 @@ class Tokenizer:
     def __init__(self, model_path: epath.Path):
         self.path = model_path  # read through its path object: a gs:// workdir's copy works too
         try:
-            self.sp = spm.SentencePieceProcessor(model_proto=self.path.read_bytes())
+            self.proto = self.path.read_bytes()  # the model, read once (copied into a workdir, hashed)
+            self.sp = spm.SentencePieceProcessor(model_proto=self.proto)
         except (OSError, RuntimeError):
             raise UserError(f"{self.path} is missing or not a sentencepiece model.") from None
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -97,16 +98,9 @@ def cached_tokenizer(
     sentences_fn,
     vocab_size: int,
     max_sentences: int,
-    workdir: paths.Workdir | None = None,
     log=print,
 ) -> Tokenizer:
-    """The tokenizer at `cache_path`, trained there first if absent, and copied into `workdir`."""
+    """The tokenizer at `cache_path`, trained there first if absent."""
     if not cache_path.exists():
-        train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
-    if workdir is None:
-        return Tokenizer(cache_path)
-    local = workdir.tokenizer
-    if not local.exists():
-        local.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(local, cache_path.read_bytes())
-    return Tokenizer(local)
+        return train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
+    return Tokenizer(cache_path)
