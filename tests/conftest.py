@@ -295,6 +295,28 @@ def final_params(workdir, devices=1):
     return dict(np.load(out))
 
 
+TINY_RUNS = {  # the runs tests begin from, by steps: their train_command overrides
+    2: {"num_train_steps": 2},  # one checkpoint, at its last step
+    4: {"num_train_steps": 4, "checkpoint_every_steps": 2},  # checkpoints at 2 and 4
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, data_dir, corpus):
+    """`tiny_run(workdir, steps)`: a copy, at `workdir`, of a TINY run of `steps` (`TINY_RUNS`),
+    trained once per test process; the copy is the test's to change, the original never handed out."""
+    trained = {}
+
+    def copy(workdir: Path, steps: int = 2) -> Path:
+        if steps not in trained:
+            trained[steps] = tmp_path_factory.mktemp(f"tiny-{steps}-steps") / "w"
+            run_train(trained[steps], data_dir, **TINY_RUNS[steps])
+        shutil.copytree(trained[steps], workdir)
+        return workdir
+
+    return copy
+
+
 @pytest.fixture(scope="session")
 def eight_device_workdir(tmp_path_factory, data_dir, corpus):
     """A run trained on 8 fake devices, with checkpoints at steps 10 and 20 (shared with test_evaluate)."""

@@ -43,9 +43,8 @@ def one_sentence(result, *words):
 
 
 @pytest.mark.slow
-def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tmp_path, data_dir, corpus):
-    first = tmp_path / "w0"
-    run_train(first, data_dir, num_train_steps=2)
+def test_a_disk_full_during_an_async_save_is_one_sentence_and_the_run_resumes(tmp_path, data_dir, tiny_run):
+    first = tiny_run(tmp_path / "w0", steps=2)
     checkpoint_kib = kib_used(first / "checkpoints" / "2")
     mnt, after = tmp_path / "mnt", tmp_path / "after"
     mnt.mkdir()

@@ -261,13 +261,12 @@ def test_a_metrics_line_without_an_integer_step_is_dropped_on_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_path, data_dir, corpus):
+def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_path, data_dir, tiny_run):
     """Before training begins a signal stops the command as soon as Python runs again (here within
     seconds, during data preparation): 2 for a new run, whose workdir is removed; 75 for a resume,
     whose workdir is left byte for byte."""
     import time
 
-    from conftest import run_train
 
     def stopped_while_preparing(workdir, fresh_data_dir, **overrides):
         command = train_command(workdir, fresh_data_dir, **overrides)
@@ -286,8 +285,7 @@ def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_pat
     status, seconds, out = stopped_while_preparing(fresh, tmp_path / "tfds-a", num_train_steps=2)
     assert status == exitcodes.USER_ERROR and seconds < 30 and not fresh.exists(), out
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=2)
     before = snapshot(workdir)
     status, seconds, out = stopped_while_preparing(workdir, tmp_path / "tfds-b", num_train_steps=4)
     assert status == exitcodes.STOPPED and seconds < 30, out

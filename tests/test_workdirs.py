@@ -23,16 +23,15 @@ from fxformer import exitcodes
 
 
 @pytest.mark.slow
-def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(tmp_path, data_dir, corpus):
+def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(tmp_path, data_dir, tiny_run):
     import shutil
     import subprocess
 
-    from conftest import env_with_devices, run_train, small_config
+    from conftest import env_with_devices, small_config
 
     from fxformer.data import corpora, tokenizer_for
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=2)
     other = small_config(data_dir, vocab_size=300)
     shutil.copy(tokenizer_for(other.data, corpora.prepare(other.data)).path, workdir / "tokenizer.model")
     for command in ("fxformer.evaluate", "fxformer.train"):
@@ -50,24 +49,20 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
 
 
 @pytest.mark.slow
-def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, corpus):
+def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, tiny_run):
     import shutil
 
-    from conftest import run_train
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=2)
     shutil.rmtree(workdir / "checkpoints")
     again = run_train(workdir, data_dir, num_train_steps=2)
     assert "has metrics from an earlier run but no checkpoint: training starts from step 0" in again.stdout
 
 
 @pytest.mark.slow
-def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, corpus):
-    from conftest import run_train
+def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, tiny_run):
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=2)
     leftover = workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234567"
     (leftover / "state").mkdir(parents=True)
     (leftover / "state" / "big.bin").write_bytes(b"0" * 1000)
@@ -121,14 +116,13 @@ def test_damaged_workdirs_and_config_files_are_one_sentence(tmp_path, data_dir, 
 
 
 @pytest.mark.slow
-def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do(tmp_path, data_dir, corpus):
+def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do(tmp_path, data_dir, tiny_run):
     import shutil
     import subprocess
 
-    from conftest import env_with_devices, run_train
+    from conftest import env_with_devices
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=4)
     (workdir / "checkpoints" / "4" / "data" / "process_0-of-1.json").unlink()
     with left_as_is(workdir):
         resumed = subprocess.run(
@@ -156,17 +150,16 @@ def test_a_missing_data_position_and_a_corrupt_average_are_named_with_what_to_do
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, corpus):
+def test_a_damaged_checkpoint_is_one_line_every_time(tmp_path, data_dir, tiny_run):
     """orbax's reads of a damaged checkpoint's other arrays used to be collected with their errors
     unretrieved, printing hundreds of lines of TensorStore specs after the one-sentence error in
     about a third of the runs; 4 runs each of evaluate and of a resume must all be one line (the
     leftovers' filters alone: test_disks.py, deterministic)."""
     import subprocess
 
-    from conftest import env_with_devices, run_train
+    from conftest import env_with_devices
 
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=4, checkpoint_every_steps=2)
+    workdir = tiny_run(tmp_path / "w", steps=4)
     # Every data file cut short: which file holds the parameters varies from save to save, and
     # evaluate reads the parameters alone (damage to Adam's moments alone is rightly no error there).
     cut_short(workdir / "checkpoints" / "4" / "state", "d/*", keep=1000)
@@ -201,14 +194,6 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
     assert f"The workdir {workdir} was removed while training" in err
 
 
-@pytest.fixture(scope="module")
-def two_step_workdir(tmp_path_factory, data_dir, corpus):
-    """The smallest run (conftest's TINY, 2 steps), trained once for this module's cases: each copies it."""
-    workdir = tmp_path_factory.mktemp("two-steps") / "w"
-    run_train(workdir, data_dir, num_train_steps=2)
-    return workdir
-
-
 CONFIG_EDITS = {  # an edit of W/config.json by hand: (section or "", key, value), the words its refusal names
     "num_heads=0": (("model", "num_heads", 0), "model.num_heads must be positive, not 0"),
     "d_model=sixty-four": (("model", "d_model", "sixty-four"), "config key 'model.d_model' takes an integer"),
@@ -232,10 +217,9 @@ EDITED_BY = [(edit, "evaluate") for edit in CONFIG_EDITS] + [("num_heads=0", c) 
 @pytest.mark.slow
 @pytest.mark.parametrize("edit, command", EDITED_BY)
 def test_a_hand_edited_config_json_is_one_sentence_from_every_command_and_changes_nothing(
-    edit, command, two_step_workdir, tmp_path
+    edit, command, tiny_run, tmp_path
 ):
-    workdir = tmp_path / "w"
-    shutil.copytree(two_step_workdir, workdir)
+    workdir = tiny_run(tmp_path / "w", steps=2)
     path = workdir / "config.json"
     written = json.loads(path.read_text())
     (section, key, value), words = CONFIG_EDITS[edit]
