@@ -267,7 +267,6 @@ def test_sigterm_during_data_preparation_stops_at_once_and_keeps_nothing(tmp_pat
     whose workdir is left byte for byte."""
     import time
 
-
     def stopped_while_preparing(workdir, fresh_data_dir, **overrides):
         command = train_command(workdir, fresh_data_dir, **overrides)
         process = subprocess.Popen(command, env=env_with_devices(1), stdout=subprocess.PIPE, text=True)

@@ -52,7 +52,6 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
 def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path, data_dir, tiny_run):
     import shutil
 
-
     workdir = tiny_run(tmp_path / "w", steps=2)
     shutil.rmtree(workdir / "checkpoints")
     again = run_train(workdir, data_dir, num_train_steps=2)
