@@ -2,8 +2,8 @@
 statistics `collect` reports (checked against NumPy on hand-made results), the tie rule (a paired
 t-test, checked against scipy and the closed form for 2 degrees of freedom), the raw records a
 table is rebuilt from byte for byte, pilot rows, test beside dev and convergence (a fake sweep,
-no training), the committed mini table, rows side by side (`--parallel`), a stopped replicate
-resuming alone, and golden dry-runs of a replicated row.
+no training), the committed mini table, and golden dry-runs of a replicated row (seeds end to
+end, rows side by side and a stopped replicate: tests/test_sweep.py, on the smoke sweep's runs).
 
 Golden files: regenerate with `FXFORMER_UPDATE_GOLDEN=1 python -m pytest tests/test_replicates.py`.
 """
@@ -13,7 +13,6 @@ import json
 import math
 import re
 import shutil
-import signal
 import types
 from pathlib import Path
 
@@ -23,7 +22,6 @@ import pytest
 from conftest import left_as_is
 from scipy import stats as scipy_stats
 from test_launch import SLURM_2X8, TPU_4_WORKERS, golden_dry_run
-from test_sweep import LONGER, experiments, losses, started_until_checkpoint, stopped, sweep_command
 
 from experiments import __main__ as experiments_main
 from experiments import cells, footer, records, report, runner, stats
@@ -509,82 +507,6 @@ def test_seeds_change_the_data_order_init_and_dropout_and_the_same_seed_repeats(
     assert all(np.array_equal(x, y) for x, y in zip(leaves(s0), leaves(s0_again)))
     dropout = lambda state: np.asarray(jax.random.key_data(state.rng))
     assert not np.array_equal(dropout(s0), dropout(s1)) and np.array_equal(dropout(s0), dropout(s0_again))
-
-
-# ---------------------------------------------------------------------------------------------
-# End to end: --seeds, skip, resume one replicate, --parallel
-
-
-@pytest.fixture(scope="module")
-def replicated(tmp_path_factory, data_dir):
-    """base and B1 of the smoke profile with 2 seeds each, one run at a time: (root, output)."""
-    root = tmp_path_factory.mktemp("replicated") / "t3"
-    return root, base_and_b1(root, data_dir, "--seeds=2", "--backend=local")
-
-
-def base_and_b1(root: Path, data_dir, *flags: str):
-    """`run` of the smoke profile's base and B1 into `root`, with `flags`: its output."""
-    result = experiments(
-        "run", "table3", f"--root={root}", "--profile=smoke", "--only=base,B1", *flags, data_dir=data_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-@pytest.mark.slow
-def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
-    root, result = replicated
-    assert result.stderr.count(": train (step 0/8") == 4
-    for name in ("base", "base.s1", "B1", "B1.s1"):
-        assert (root / name / "eval" / "validation-8.json").exists()
-    assert json.loads((root / "sweep-root.json").read_text())["seeds"] == 2
-    assert losses(root / "base") != losses(root / "base.s1")  # another init, dropout and data order
-    collected = experiments("collect", "table3", f"--root={root}")
-    assert collected.returncode == 0, collected.stderr[-2000:]
-    lines = {line.split("|")[1].strip(): line for line in collected.stdout.splitlines() if line.startswith("| ")}
-    assert lines["base"].count(" ± ") >= 4 and "| 2 |" in lines["base"]  # mean ± sd of PPL and BLEU, dev and test
-    assert lines["B1"].count(" ± ") >= 4 and lines["B1"].count(" [") >= 2  # and paired Δ [95% CI] of both
-    again = experiments("run", "table3", f"--root={root}", "--only=base,B1")  # the root remembers the rest
-    assert again.returncode == 0 and again.stderr.count("skipped") == 4 and ": train" not in again.stderr
-
-
-@pytest.mark.slow
-def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(replicated, tmp_path, data_dir):
-    root = tmp_path / "t3"
-    argv = sweep_command(
-        "run", "table3", f"--root={root}", "--profile=smoke", "--only=B1", "--seeds=2", data_dir=data_dir, extra=LONGER
-    )
-    checkpoints = root / "B1.s1" / "checkpoints"
-    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, log=tmp_path / "launcher")
-    launcher.send_signal(signal.SIGTERM)
-    status, err = stopped(launcher, tmp_path / "launcher")
-    assert status == exitcodes.STOPPED, err[-3000:]
-    stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
-    result = experiments("run", "table3", f"--root={root}", "--only=B1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "B1: finished (step 30); skipped" in result.stderr
-    resumed = next(line for line in result.stderr.splitlines() if "B1.s1: resume from step" in line)
-    assert "ETA" not in resumed, resumed  # the run skipped before it paces nothing (it made this 'ETA 0m00s')
-    assert f"B1.s1: resume from step {stopped_at}" in result.stderr
-    assert json.loads((root / "B1.s1" / "sweep.json").read_text())["attempts"] == 1  # the stop spent no attempt
-    assert json.loads((root / "B1" / "sweep.json").read_text())["attempts"] == 1
-
-
-@pytest.mark.slow
-def test_parallel_runs_two_rows_at_once_with_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
-    """The same seed gives the same losses in another root, one run at a time or two side by side."""
-    root, _ = replicated
-    side = tmp_path / "t3"
-    base_and_b1(side, data_dir, "--parallel=2")  # one seed each: the two rows side by side
-    assert not (side / "base.s1").exists()
-    for name in ("base", "B1"):
-        assert losses(side / name) == losses(root / name), name
-    spans = {}  # when each run's lease was taken and when its evaluation was written
-    for name in ("base", "B1"):
-        started = json.loads((side / name / "sweep.json").read_text())["started"]
-        spans[name] = (started, (side / name / "eval" / "validation-8.json").stat().st_mtime)
-    assert spans["B1"][0] < spans["base"][1] and spans["base"][0] < spans["B1"][1]  # they overlapped
-    assert (side / "B1" / "logs" / "process_0" / "worker.log").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Sweeps: Table 3's plan, a smoke sweep end to end (run, skip, evaluate-only, dev then test,
-refuse a changed config, collect, plot), resumption after SIGTERM and SIGKILL with the losses of
+refuse a changed config, collect, plot), seeds (every row k times, their statistics, rows side by
+side, a stopped replicate resuming alone), resumption after SIGTERM and SIGKILL with the losses of
 an uninterrupted row, leases, params.png's labels, and golden dry-runs of one row on the tpu and
 slurm backends.
 
@@ -10,6 +11,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -528,7 +530,7 @@ def uninterrupted(tmp_path_factory, data_dir):
         "run", "table3", f"--root={root}", "--profile=smoke", "--only=base", data_dir=data_dir, extra=LONGER
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    return losses(root / "base")
+    return root, losses(root / "base")
 
 
 @pytest.mark.slow
@@ -554,9 +556,88 @@ def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_pat
     result = experiments("run", "table3", f"--root={root}", "--only=base")  # the same sweep again
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resume from step {stopped_at}" in result.stderr
-    assert losses(root / "base") == uninterrupted
+    assert losses(root / "base") == uninterrupted[1]
     # a stop asked of the sweep spends no attempt of the row's (--max_attempts counts its own ends); a crash does
     assert json.loads((root / "base" / "sweep.json").read_text())["attempts"] == (1 if sig == signal.SIGTERM else 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: --seeds, skip, resume one replicate, --parallel
+
+
+@pytest.fixture(scope="module")
+def replicated(smoke, tmp_path_factory):
+    """base and B1 of the smoke profile with 2 seeds each, one run at a time: a copy of the smoke
+    sweep's root (its seed-0 runs of base and B1, finished), where seed 1 of each runs: (root, output)."""
+    root = tmp_path_factory.mktemp("replicated") / "t3"
+    shutil.copytree(smoke[0], root, ignore=shutil.ignore_patterns("E", "results"))
+    result = experiments("run", "table3", f"--root={root}", "--only=base,B1", "--seeds=2", "--backend=local")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, result
+
+
+def base_and_b1(root: Path, data_dir, *flags: str):
+    """`run` of the smoke profile's base and B1 into `root`, with `flags`: its output."""
+    result = experiments(
+        "run", "table3", f"--root={root}", "--profile=smoke", "--only=base,B1", *flags, data_dir=data_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_seeds_run_every_row_k_times_and_collect_their_statistics(replicated):
+    root, result = replicated
+    assert result.stderr.count(": train (step 0/8") == 2 and result.stderr.count("finished (step 8); skipped") == 2
+    for name in ("base", "base.s1", "B1", "B1.s1"):
+        assert (root / name / "eval" / "validation-8.json").exists()
+    assert json.loads((root / "sweep-root.json").read_text())["seeds"] == 2
+    assert losses(root / "base") != losses(root / "base.s1")  # another init, dropout and data order
+    collected = experiments("collect", "table3", f"--root={root}")
+    assert collected.returncode == 0, collected.stderr[-2000:]
+    lines = {line.split("|")[1].strip(): line for line in collected.stdout.splitlines() if line.startswith("| ")}
+    assert lines["base"].count(" ± ") >= 4 and "| 2 |" in lines["base"]  # mean ± sd of PPL and BLEU, dev and test
+    assert lines["B1"].count(" ± ") >= 4 and lines["B1"].count(" [") >= 2  # and paired Δ [95% CI] of both
+    again = experiments("run", "table3", f"--root={root}", "--only=base,B1")  # the root remembers the rest
+    assert again.returncode == 0 and again.stderr.count("skipped") == 4 and ": train" not in again.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_second_replicate_resumes_that_replicate_only(uninterrupted, tmp_path):
+    root = tmp_path / "t3"  # a copy of a finished 30-step base: its second seed is stopped, then resumed
+    shutil.copytree(uninterrupted[0], root)
+    argv = sweep_command("run", "table3", f"--root={root}", "--only=base", "--seeds=2")  # profile, flags remembered
+    checkpoints = root / "base.s1" / "checkpoints"
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=300, log=tmp_path / "launcher")
+    launcher.send_signal(signal.SIGTERM)
+    status, err = stopped(launcher, tmp_path / "launcher")
+    assert status == exitcodes.STOPPED, err[-3000:]
+    stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    result = experiments("run", "table3", f"--root={root}", "--only=base")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "base: finished (step 30); skipped" in result.stderr
+    resumed = next(line for line in result.stderr.splitlines() if "base.s1: resume from step" in line)
+    assert "ETA" not in resumed, resumed  # the run skipped before it paces nothing (it made this 'ETA 0m00s')
+    assert f"base.s1: resume from step {stopped_at}" in result.stderr
+    assert json.loads((root / "base.s1" / "sweep.json").read_text())["attempts"] == 1  # the stop spent no attempt
+    assert json.loads((root / "base" / "sweep.json").read_text())["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_parallel_runs_two_rows_at_once_with_the_same_losses_in_another_root(replicated, tmp_path, data_dir):
+    """The same seed gives the same losses in another root, one run at a time or two side by side."""
+    root, _ = replicated
+    side = tmp_path / "t3"
+    base_and_b1(side, data_dir, "--parallel=2")  # one seed each: the two rows side by side
+    assert not (side / "base.s1").exists()
+    for name in ("base", "B1"):
+        assert losses(side / name) == losses(root / name), name
+    spans = {}  # when each run's lease was taken and when its evaluation was written
+    for name in ("base", "B1"):
+        started = json.loads((side / name / "sweep.json").read_text())["started"]
+        spans[name] = (started, (side / name / "eval" / "validation-8.json").stat().st_mtime)
+    assert spans["B1"][0] < spans["base"][1] and spans["base"][0] < spans["B1"][1]  # they overlapped
+    assert (side / "B1" / "logs" / "process_0" / "worker.log").exists()
 
 
 # ---------------------------------------------------------------------------------------------
