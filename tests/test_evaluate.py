@@ -169,24 +169,16 @@ def test_evaluate_reads_the_runs_config_once_and_keeps_the_decode_options_once(
 
 
 @pytest.mark.slow
-def test_translate_reads_stdin_and_writes_one_line_each(eight_device_workdir):
-    lines = "The dog sees the man.\nToday the woman buys a book.\n"
-    outputs = []
-    for devices in (2, 1):
-        result = run(
-            "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=devices, stdin=lines
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs.append(result.stdout.splitlines())
-    assert len(outputs[0]) == 2 and outputs[0] == outputs[1]  # the same translations however many devices share them
-
-
-@pytest.mark.slow
-def test_translate_on_two_processes_writes_one_copy_and_refuses_stdin(eight_device_workdir, tmp_path):
+def test_translate_writes_one_line_each_alike_on_any_devices_or_processes_and_refuses_stdin_on_two(
+    eight_device_workdir, tmp_path
+):
     lines = "The dog sees the man.\nToday the woman buys a book.\nThe man sleeps.\n"
     (tmp_path / "in.txt").write_text(lines)
     alone = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", stdin=lines)
     assert alone.returncode == 0, alone.stderr[-3000:]
+    two = run("fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20", devices=2, stdin=lines)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert len(alone.stdout.splitlines()) == 3 and two.stdout == alone.stdout  # however many devices share them
     command = [sys.executable, "-m", "fxformer.translate", f"--workdir={eight_device_workdir}", "--step=20"]
     for flags in ([f"--input={tmp_path / 'in.txt'}"], []):
         ended = on_two_processes(lambda port, i: [*command, *cluster_flags(port, i), *flags], stdin=lines)  # noqa: B023
