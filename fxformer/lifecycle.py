@@ -183,11 +183,13 @@ def agree(
     *,
     time_due: bool,
     now: bool = False,
+    budget: bool = True,
 ) -> Agreed:
     """The same decision on every process: several processes compare their flags every
     `AGREE_EVERY` steps or log steps (or `now`, a point every process reaches), so they always
-    save and stop together, soon after a pre-emption notice."""
-    flags = np.array([time_due, stop.signal is not None or progress.out_of_time()])
+    save and stop together, soon after a pre-emption notice. `budget`: whether the time budget
+    counts (a signal always does)."""
+    flags = np.array([time_due, stop.signal is not None or (budget and progress.out_of_time())])
     if jax.process_count() > 1:
         if step % min(config.log_every_steps, AGREE_EVERY) and not now:
             return Agreed(False, False)

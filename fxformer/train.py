@@ -277,14 +277,14 @@ def train_loop(run: Run, state: TrainState, books: Books, stop: StopRequest, log
 
 def ready_to_train(run: Run, state: TrainState, books: Books, stop: StopRequest, log) -> bool:
     """A resumed run first makes up the dev evaluation its stop passed over (`make_up_evaluation`);
-    False where there is nothing to train: early stopping had ended the run, or a signal came
-    while it prepared and compiled."""
+    False where there is nothing to train: early stopping had ended the run, or a signal came while
+    it prepared (a time budget spent preparing still lets one step train and save: resumes move on)."""
     make_up_evaluation(run, state.params, books, log)
     books.early = books.early or lifecycle.plateau(run.config, books.best, books.step)
     if books.early:  # a resumed run that early stopping had ended
         log(f"{run.workdir} ended at step {books.step}: {books.early}; nothing to train")
         return False
-    now = lifecycle.agree(run.config, books.step, stop, books.progress, time_due=False, now=True)
+    now = lifecycle.agree(run.config, books.step, stop, books.progress, time_due=False, now=True, budget=False)
     if books.step < run.config.num_train_steps and now.stop:
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         return False

@@ -140,6 +140,19 @@ def test_a_signal_before_training_stops_at_once_and_after_asks_for_a_save():
         agreed = lifecycle.agree(Config(log_every_steps=5), 3, stop, progress, time_due=True)
         assert agreed == lifecycle.Agreed(save_for_time=True, stop=True)  # one process: at every step
         assert lifecycle.stopped_by("", stop, progress) == "SIGTERM"
+        assert lifecycle.agree(Config(log_every_steps=5), 3, stop, progress, time_due=False, budget=False).stop
+    finally:
+        stop.uninstall()
+
+
+def test_a_spent_time_budget_stops_where_it_counts_and_not_before_the_first_step():
+    stop = lifecycle.StopRequest()  # no signal
+    try:
+        spent = Progress({}, budget_s=1e-9)  # over by the time it is asked
+        ask = lambda **kw: lifecycle.agree(Config(log_every_steps=5), 3, stop, spent, time_due=False, **kw)  # noqa: E731
+        assert ask().stop and ask(budget=True).stop and not ask(budget=False).stop  # before the first step: False
+        assert not lifecycle.agree(Config(log_every_steps=5), 3, stop, Progress({}), time_due=False).stop  # no budget
+        assert lifecycle.stopped_by("", stop, spent) == "time budget of 1.66667e-11 minutes"
     finally:
         stop.uninstall()
 

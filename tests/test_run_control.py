@@ -67,8 +67,9 @@ def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(
 
     workdir = tmp_path / "w"
     run_train(workdir, data_dir, num_train_steps=12, checkpoint_every_steps=4)  # checkpoints 4, 8, 12
-    # resumed with a budget of 6 ms: the first step takes longer, so the budget ends there (13). (0.6 s
-    # once let a second step in, when the step came compiled from the tests' shared compilation cache.)
+    # resumed with a budget of 6 ms: it runs out before the first step, which is still trained and saved
+    # (13): a budget ends a run after a step at the earliest. (0.6 s once let a second step in, when the
+    # step came compiled from the tests' shared compilation cache.)
     command = train_command(workdir, data_dir, num_train_steps=100_000, train_minutes=0.0001, checkpoint_every_steps=4)
     result = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)
     assert result.returncode == exitcodes.STOPPED, result.stderr[-2000:]
