@@ -84,27 +84,6 @@ def test_averaging_after_a_time_budget_takes_checkpoints_half_an_interval_apart(
 
 
 @pytest.mark.slow
-def test_the_best_checkpoint_by_dev_perplexity_is_kept_and_evaluates(tmp_path, data_dir, corpus):
-    import json as _json
-
-    from conftest import run_train
-
-    workdir = tmp_path / "w"
-    run_train(workdir, data_dir, num_train_steps=30, eval_every_steps=10, checkpoint_every_steps=10, keep_checkpoints=1)
-    dev = logged(workdir, "dev_ppl")
-    best_step = min(dev, key=dev.get)
-    assert [p.name for p in (workdir / "best").iterdir() if p.name.isdigit()] == [str(best_step)]
-    result = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation")
-    assert result.returncode == 0, result.stderr[-2000:]
-    written = _json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
-    assert written["checkpoint_steps"] == [best_step]
-    assert written["ppl"] == pytest.approx(dev[best_step], rel=1e-4)  # the same parameters the loop measured
-    with left_as_is(workdir):
-        bad = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=last")
-    assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
-
-
-@pytest.mark.slow
 def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data_dir, corpus, corpus_ids):
     from conftest import run_train
 
@@ -192,12 +171,20 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_lowest(tmp_path, data_dir, corpus):
+def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_lowest_and_evaluate(
+    tmp_path, data_dir, corpus
+):
     workdir = tmp_path / "w"
     # early_stopping_min_delta 0.99: only a 100-fold drop of dev perplexity would count, so the
-    # plateau is reached at the third evaluation (step 6), whatever the run learns
+    # plateau is reached at the third evaluation (step 6), whatever the run learns; the best
+    # parameters are kept apart from the last checkpoint, the only one kept
     _, result = trained_to_a_plateau(
-        workdir, data_dir, early_stopping_patience=2, early_stopping_min_delta=0.99, best_metric="dev_ppl"
+        workdir,
+        data_dir,
+        early_stopping_patience=2,
+        early_stopping_min_delta=0.99,
+        best_metric="dev_ppl",
+        keep_checkpoints=1,
     )
     assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping)" in result.stdout
     ppl = logged(workdir, "dev_ppl")
@@ -206,6 +193,15 @@ def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_
     kept = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
     assert min(ppl, key=ppl.get) != 2  # the 99% rule's one improvement is step 2: a lower point later tells them apart
     assert kept == [min(ppl, key=ppl.get)]  # model selection still takes any lower perplexity
+    best_step = kept[0]
+    result = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=best", "--split=validation")
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads((workdir / "eval" / f"validation-{best_step}-best.json").read_text())
+    assert written["checkpoint_steps"] == [best_step]
+    assert written["ppl"] == pytest.approx(ppl[best_step], rel=1e-4)  # the same parameters the loop measured
+    with left_as_is(workdir):
+        bad = run_module("fxformer.evaluate", f"--workdir={workdir}", "--step=last")
+    assert bad.returncode == exitcodes.USER_ERROR and "'best'" in bad.stderr
 
 
 @pytest.mark.slow

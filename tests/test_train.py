@@ -277,10 +277,11 @@ def read_tensorboard_scalars(logdir, tag):
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, data_dir, corpus):
-    """60 steps without interruption, batches made in the training process, none placed ahead."""
+    """60 steps without interruption, batches made in the training process, none placed ahead: (its
+    workdir, its final parameters)."""
     straight = tmp_path_factory.mktemp("straight")
     run_train(straight, data_dir, num_train_steps=60, checkpoint_every_steps=30)
-    return straight
+    return straight, final_params(straight)
 
 
 @pytest.mark.slow
@@ -288,7 +289,7 @@ def straight_run(tmp_path_factory, data_dir, corpus):
 def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipeline_flags):
     """Killed at a random step after its first checkpoint and resumed, a run trains exactly as one
     never stopped; with grain workers and batches placed ahead of their step too."""
-    straight, killed = straight_run, tmp_path / "killed"
+    (straight, pa), killed = straight_run, tmp_path / "killed"
     events = read_tensorboard_scalars(straight / "tensorboard", "loss")
     assert sorted(events) == list(range(1, 61))
     for step, value in logged(straight).items():
@@ -315,7 +316,7 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipelin
     for step in range(31, 61):
         assert f"{a[step]:.3f}" == f"{b[step]:.3f}", step
         assert a[step] == pytest.approx(b[step], rel=1e-6)
-    pa, pb = final_params(straight), final_params(killed)
+    pb = final_params(killed)
     assert pa.keys() == pb.keys()
     for key in pa:
         np.testing.assert_allclose(pa[key], pb[key], rtol=1e-6, atol=1e-7)
