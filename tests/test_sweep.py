@@ -66,14 +66,14 @@ def experiments(*argv, data_dir=None, extra=(), **kwargs):
     )
 
 
-def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, log: Path) -> subprocess.Popen:
+def started_until_checkpoint(argv, checkpoints: Path, timeout_s: float, log: Path, step: int = 10) -> subprocess.Popen:
     """A sweep command, started with its output in files (`log`.out and `log`.err: a pipe that
-    nobody reads while it runs could fill and stall it), returned once `checkpoints` holds step 10
-    or later."""
+    nobody reads while it runs could fill and stall it), returned once `checkpoints` holds `step`
+    or a later one."""
     with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
         launcher = subprocess.Popen(argv, cwd=REPO, env=env_with_devices(1), stdout=out, stderr=err)
     deadline = time.time() + timeout_s
-    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 10 for p in checkpoints.iterdir())):
+    while not (checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= step for p in checkpoints.iterdir())):
         assert launcher.poll() is None and time.time() < deadline, "the run ended before it could be stopped"
         time.sleep(0.1)
     return launcher
@@ -534,31 +534,39 @@ def uninterrupted(tmp_path_factory, data_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_row_stopped_during_training_resumes_with_the_same_losses(sig, tmp_path, data_dir, uninterrupted):
+def test_a_row_stopped_then_crashed_resumes_each_time_with_the_same_losses(tmp_path, data_dir, uninterrupted):
+    """SIGTERM to the sweep (it asks the row to save and stop), then a crash (the launcher and the
+    training process killed at once): the same sweep again resumes the row each time from its last
+    checkpoint, and it ends with the losses of a row never stopped."""
     root = tmp_path / "t3"
     argv = sweep_command(
         "run", "table3", f"--root={root}", "--profile=smoke", "--only=base", data_dir=data_dir, extra=LONGER
     )
     checkpoints = root / "base" / "checkpoints"
-    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120, log=tmp_path / "launcher")
+    last = lambda: max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())  # noqa: E731
+    attempts = lambda: json.loads((root / "base" / "sweep.json").read_text())["attempts"]  # noqa: E731
+    launcher = started_until_checkpoint(argv, checkpoints, timeout_s=120, log=tmp_path / "first")
+    launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop
+    status, err = stopped(launcher, tmp_path / "first")
+    assert status == exitcodes.STOPPED, err[-3000:]
+    stopped_at = last()
+    assert 10 <= stopped_at <= 20 and attempts() == 0  # a stop asked of the sweep spends no attempt of the row's
+
+    again = sweep_command("run", "table3", f"--root={root}", "--only=base")  # the same sweep again
+    launcher = started_until_checkpoint(again, checkpoints, timeout_s=120, log=tmp_path / "second", step=stopped_at + 5)
     trainer = int((root / "base" / "logs" / "process_0" / "pid").read_text())
-    if sig == signal.SIGTERM:
-        launcher.send_signal(signal.SIGTERM)  # the sweep asks the row to save and stop
-        status, err = stopped(launcher, tmp_path / "launcher")
-        assert status == exitcodes.STOPPED, err[-3000:]
-    else:  # a crash: the launcher and the training process die at once
-        os.kill(launcher.pid, signal.SIGKILL)
-        os.kill(trainer, signal.SIGKILL)
-        launcher.wait()
-    stopped_at = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
-    assert 10 <= stopped_at < 30
-    result = experiments("run", "table3", f"--root={root}", "--only=base")  # the same sweep again
+    os.kill(launcher.pid, signal.SIGKILL)  # a crash: the launcher and the training process die at once
+    os.kill(trainer, signal.SIGKILL)
+    launcher.wait()
+    assert f"resume from step {stopped_at}" in Path(f"{tmp_path / 'second'}.err").read_text()
+    crashed_at = last()
+    assert stopped_at < crashed_at < 30
+
+    result = experiments("run", "table3", f"--root={root}", "--only=base")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resume from step {stopped_at}" in result.stderr
+    assert f"resume from step {crashed_at}" in result.stderr
     assert losses(root / "base") == uninterrupted[1]
-    # a stop asked of the sweep spends no attempt of the row's (--max_attempts counts its own ends); a crash does
-    assert json.loads((root / "base" / "sweep.json").read_text())["attempts"] == (1 if sig == signal.SIGTERM else 2)
+    assert attempts() == 2  # the crash spent one, the run that finished another (--max_attempts counts them)
 
 
 # ---------------------------------------------------------------------------------------------
