@@ -275,8 +275,14 @@ def logged(workdir, key="loss"):
     return {line["step"]: line[key] for line in lines if key in line}
 
 
-def final_params(workdir, devices=1):
-    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy."""
+def final_params(workdir, devices: int | None = None):
+    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy:
+    in this process, or in a command of its own on `devices` fake devices."""
+    if devices is None:
+        from fxformer import inference, paths
+
+        params = inference.restore(paths.Workdir(workdir), average_last=1, log=lambda *a: None).params
+        return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
     code = (
         "import sys, numpy as np, jax; from fxformer import inference, paths; "
         "r = inference.restore(paths.Workdir(sys.argv[1]), average_last=1); params, mesh = r.params, r.mesh; "
