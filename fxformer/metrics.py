@@ -85,9 +85,8 @@ class MetricWriter:
         if not enabled:
             return
         register_url_writers()  # and tensorboardX imported: only a process that writes metrics needs it
-        if self.path.exists():
-            text = self._text()
-            paths.write_atomic(self.path, text)
+        if self.path.exists():  # a resumed run rewrites what came after its checkpoint
+            paths.write_atomic(self.path, self._text())
         from tensorboardX import SummaryWriter
 
         self.tensorboard = SummaryWriter(logdir=str(workdir.tensorboard), purge_step=resume_step + 1)

@@ -60,7 +60,6 @@ def test_a_used_workdir_without_checkpoints_says_it_starts_from_step_0(tmp_path,
 
 @pytest.mark.slow
 def test_unfinished_saves_are_removed_on_start(tmp_path, data_dir, tiny_run):
-
     workdir = tiny_run(tmp_path / "w", steps=2)
     leftover = workdir / "checkpoints" / "4.orbax-checkpoint-tmp-1234567"
     (leftover / "state").mkdir(parents=True)
