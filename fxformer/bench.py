@@ -45,7 +45,8 @@ import numpy as np
 
 from fxformer import cli, inference, parallel, train, trainstate
 from fxformer.config import DecodeOptions, validate
-from fxformer.data import corpora, packing, pipeline, token_ids, tokenizer_for
+from fxformer.data import corpora, packing, pipeline, token_ids
+from fxformer.data.tokenizer import tokenizer_for
 from fxformer.errors import UserError
 from fxformer.model import TransformerConfig, init_params
 from fxformer.tokens import EOS_ID

@@ -39,7 +39,8 @@ TEMPORARY = ".orbax-checkpoint-tmp"  # in the name of a save that never finished
 
 def remove_unfinished(directory: epath.Path, complete: list[int], log=print) -> None:
     """Delete the saves that never finished (a kill during a save): temporary directories on a disk,
-    step directories without orbax's commit file in a bucket (`complete`: `paths.complete_steps`)."""
+    step directories without orbax's commit file in a bucket (`complete`: the finished steps, as the
+    manager's `all_steps()` or `paths.complete_steps` list them)."""
     if not directory.exists():
         return
     for path in directory.iterdir():

@@ -497,14 +497,13 @@ def write_workdir_config(config: ml_collections.ConfigDict, workdir: paths.Workd
     Fields a resume changed (`num_train_steps`, the schedule, intervals, ...) are appended to
     `W/config-history.jsonl` with the step from which they hold, so no value is overwritten
     silently."""
-    run = workdir
     new = json.loads(config.to_json())
-    if run.config.exists():
+    if workdir.config.exists():
         changed = config_changes(load_workdir_config(workdir).to_dict(), new)
         if not changed:
             return
-        history = run.config_history.read_text() if run.config_history.exists() else ""
+        history = workdir.config_history.read_text() if workdir.config_history.exists() else ""
         line = json.dumps({"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed})
-        paths.write_atomic(run.config_history, history + line + "\n")
-    run.config.parent.mkdir(parents=True, exist_ok=True)
-    paths.write_atomic(run.config, config.to_json(indent=2))  # other processes read the old file or the new one
+        paths.write_atomic(workdir.config_history, history + line + "\n")
+    workdir.config.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_atomic(workdir.config, config.to_json(indent=2))  # other processes read the old file or the new one

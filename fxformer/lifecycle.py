@@ -4,7 +4,7 @@ The loop in `train.py` reads as the paper's training (step, what is due, evaluat
 everything here is how a run begins and ends around it:
 
 - `restore_or_start`: a run resumes from its workdir's latest checkpoint (the data iterator moved
-  to its position), else starts from step 0; `describe` says on what (and writes W/run.json).
+  to its position), else starts from step 0; `describe` says on what (the content of W/run.json).
 - `StopRequest`: SIGTERM (a pre-emption notice) or Ctrl-C. Before training begins it stops the
   command at once (`StoppedBeforeTraining`); after, the run saves at the next step every process
   agrees on (`agree`), and exits with 75 (`fxformer.exitcodes.STOPPED`).
@@ -18,7 +18,6 @@ everything here is how a run begins and ends around it:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 from collections.abc import Callable, Iterator, Sequence
@@ -50,10 +49,9 @@ def restore_or_start(
 ):
     """(checkpoint manager, state, its step): the latest checkpoint (the data iterator moved to its
     position), or `new_state()`; leftovers of saves that never finished are removed first."""
-    if jax.process_index() == 0:
-        complete = workdir.checkpoint_steps()
-        checkpoint.remove_unfinished(workdir.checkpoints, complete, log)
     manager = checkpoint.open_manager(workdir.checkpoints, config.keep_checkpoints)
+    if jax.process_index() == 0:  # the manager lists the finished saves only
+        checkpoint.remove_unfinished(workdir.checkpoints, manager.all_steps(), log)
     start_step = manager.latest_step() or 0
     if start_step:
         state = checkpoint.restore_training_state(manager, start_step, abstract_state, data_iterator)
@@ -74,7 +72,6 @@ def restore_or_start(
 
 def describe(
     config: ml_collections.ConfigDict,
-    workdir: paths.Workdir,
     state: TrainState,
     model,
     *,
@@ -82,8 +79,8 @@ def describe(
     rows: int,
     start_step: int,
     log=print,
-) -> None:
-    """The model and the devices on the console, and in `W/run.json`."""
+) -> dict:
+    """The model and the devices on the console; returns what `W/run.json` records of them."""
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     m = model.config
     log(
@@ -92,22 +89,18 @@ def describe(
         f"({jax.devices()[0].platform}) in {jax.process_count()} process(es); "
         f"{rows} rows x {config.data.max_length} tokens per step in {config.grad_accum_steps} micro-batch(es)"
     )
-    if jax.process_index() == 0:
-        info = {
-            "devices": jax.device_count(),
-            "platform": jax.devices()[0].platform,
-            "num_params": num_params,
-            "processes": jax.process_count(),
-            "rows_per_step": rows,
-            "max_length": config.data.max_length,
-            "tokens_per_batch": config.data.tokens_per_batch,
-            "start_step": start_step,
-            "device_kind": jax.devices()[0].device_kind,
-            "versions": versions.versions(),
-        }
-        paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
-    if start_step >= config.num_train_steps:
-        log(f"{workdir} is already at step {start_step} of {config.num_train_steps}; nothing to train")
+    return {
+        "devices": jax.device_count(),
+        "platform": jax.devices()[0].platform,
+        "num_params": num_params,
+        "processes": jax.process_count(),
+        "rows_per_step": rows,
+        "max_length": config.data.max_length,
+        "tokens_per_batch": config.data.tokens_per_batch,
+        "start_step": start_step,
+        "device_kind": jax.devices()[0].device_kind,
+        "versions": versions.versions(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +331,22 @@ def guarded(
         release(removed)
         if removed:  # saves in flight, the last metrics: written after the removal, not kept
             checkpoint.settle(manager)
-            workdir.forget_training()
+            forget_training(workdir)
+
+
+def forget_training(workdir: paths.Workdir) -> None:
+    """Remove what training writes in `workdir` besides config.json and tokenizer.model
+    (checkpoints, the best parameters, metrics, TensorBoard events, run.json, an unfinished atomic
+    write), then the directory if nothing else is in it: for a workdir removed under a run whose
+    last writes recreated part of it (`Workdir.removed`). A concurrent removal's races are ignored."""
+    root = workdir.root
+    written = [workdir.checkpoints, workdir.best, workdir.tensorboard, workdir.metrics, workdir.run_info]
+    for path in [*written, *(root.glob(".*.tmp") if root.exists() else [])]:
+        with contextlib.suppress(OSError):
+            path.rmtree() if path.is_dir() else path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        if root.exists() and not any(root.iterdir()):
+            root.rmdir()
 
 
 def failure(e: BaseException, workdir: paths.Workdir, stop: StopRequest, step: int) -> BaseException:

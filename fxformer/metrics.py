@@ -86,13 +86,14 @@ class MetricWriter:
             return
         register_url_writers()  # and tensorboardX imported: only a process that writes metrics needs it
         if self.path.exists():  # a resumed run rewrites what came after its checkpoint
-            paths.write_atomic(self.path, self._text())
+            self._save()
         from tensorboardX import SummaryWriter
 
         self.tensorboard = SummaryWriter(logdir=str(workdir.tensorboard), purge_step=resume_step + 1)
 
-    def _text(self) -> str:
-        return "".join(line + "\n" for line in self.lines)
+    def _save(self) -> None:
+        """The lines so far written over the file (atomically: a kill leaves the old file or the new)."""
+        paths.write_atomic(self.path, "".join(line + "\n" for line in self.lines))
 
     def last(self) -> dict:
         """The last line kept from before this attempt ({} for a new run)."""
@@ -106,7 +107,7 @@ class MetricWriter:
         if not self.enabled:
             return
         self.lines.append(json.dumps({"step": step, **scalars}))
-        paths.write_atomic(self.path, self._text())
+        self._save()
         for name, value in scalars.items():
             self.tensorboard.add_scalar(name, value, step)
         self.tensorboard.flush()
@@ -118,7 +119,7 @@ class MetricWriter:
         last = self.last()
         assert last.get("step") == step, (last.get("step"), step)
         self.lines[-1] = json.dumps({**last, **scalars})
-        paths.write_atomic(self.path, self._text())
+        self._save()
         for name, value in scalars.items():
             self.tensorboard.add_scalar(name, value, step)
         self.tensorboard.flush()

@@ -8,8 +8,10 @@ gradients across all of them. Each process feeds only its own slice of the globa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -101,6 +103,18 @@ def global_batch(mesh: Mesh, local_batch: dict[str, np.ndarray]) -> dict[str, ja
         global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
         out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
     return out
+
+
+@contextlib.contextmanager
+def process_zero_first(name: str) -> Iterator[None]:
+    """The block runs on process 0 first while the others wait at the barrier `name`, then on
+    the others (what process 0 wrote, such as a dataset or a tokenizer, they find)."""
+    first, others = jax.process_index() == 0, jax.process_count() > 1
+    if others and not first:
+        multihost_utils.sync_global_devices(name)
+    yield
+    if others and first:
+        multihost_utils.sync_global_devices(name)
 
 
 def any_process(flags: np.ndarray) -> np.ndarray:

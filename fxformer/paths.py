@@ -254,19 +254,6 @@ class Workdir:
         lacks it was removed under the run (what is there now, the run's own later writes recreated)."""
         return not self.tokenizer.exists()
 
-    def forget_training(self) -> None:
-        """Remove what training writes here besides config.json and tokenizer.model (checkpoints,
-        the best parameters, metrics, TensorBoard events, run.json, an unfinished atomic write),
-        then the directory if nothing else is in it: for a workdir removed under a run whose last
-        writes recreated part of it (`removed`). A concurrent removal's races are ignored."""
-        written = [self.checkpoints, self.best, self.tensorboard, self.metrics, self.run_info]
-        for path in [*written, *(self.root.glob(".*.tmp") if self.root.exists() else [])]:
-            with contextlib.suppress(OSError):
-                path.rmtree() if path.is_dir() else path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            if self.root.exists() and not any(self.root.iterdir()):
-                self.root.rmdir()
-
     @property
     def sweep_status(self) -> epath.Path:
         """A sweep's record of this run: attempts, its config, who runs it now (a lease)."""

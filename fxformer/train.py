@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -25,11 +26,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, cli, exitcodes, inference, lifecycle, metrics, optim, parallel, paths, trainstate
 from fxformer.config import check_workdir_config, load_workdir_config, validate, write_workdir_config
-from fxformer.data import corpora, pipeline, token_ids, tokenized, tokenizer_for
+from fxformer.data import corpora, pipeline, token_ids, tokenized
+from fxformer.data.tokenizer import tokenizer_for
 from fxformer.errors import UserError
 from fxformer.lifecycle import StopRequest
 from fxformer.metrics import MetricWriter, Progress, window_metrics
@@ -104,14 +105,10 @@ def compile_train_step(config: ml_collections.ConfigDict, model, tx, mesh):
 def prepare_data(config: ml_collections.ConfigDict, workdir: paths.Workdir, log=print):
     """(builder, tokenizer, folder of the token ids): process 0 builds the dataset, the tokenizer
     and the stored token ids while the others wait; then they find them."""
-    first, others = jax.process_index() == 0, jax.process_count() > 1
-    if others and not first:
-        multihost_utils.sync_global_devices("fxformer: data prepared")
-    builder = corpora.prepare(config.data, log=log)
-    tokenizer = tokenizer_for(config.data, builder, workdir, log=log)
-    ids = token_ids(config.data, builder, tokenizer, log=log)
-    if others and first:
-        multihost_utils.sync_global_devices("fxformer: data prepared")
+    with parallel.process_zero_first("fxformer: data prepared"):
+        builder = corpora.prepare(config.data, log=log)
+        tokenizer = tokenizer_for(config.data, builder, workdir, log=log)
+        ids = token_ids(config.data, builder, tokenizer, log=log)
     return builder, tokenizer, ids
 
 
@@ -221,16 +218,16 @@ def start(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: 
     batches = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch, rows)
     dev = inference.DevEvaluation.of(config, model, mesh, (builder, tokenizer, ids), log=log)
     init = functools.partial(trainstate.create_state, model, tx, config.seed)
-    new_state = jax.jit(init, out_shardings=parallel.replicated(mesh))
-    manager, state, start_step = lifecycle.restore_or_start(
-        config, workdir, abstract_state, batches, new_state, log=log
-    )
+    fresh = jax.jit(init, out_shardings=parallel.replicated(mesh))  # the state where no checkpoint is
+    manager, state, start_step = lifecycle.restore_or_start(config, workdir, abstract_state, batches, fresh, log=log)
     stop.training()
-    if start_step == 0 and jax.process_index() == 0:  # a new run is recorded now
-        write_workdir_config(config, workdir, start_step)
-    lifecycle.describe(
-        config, workdir, state, model, vocab_size=tokenizer.vocab_size, rows=rows, start_step=start_step, log=log
+    info = lifecycle.describe(
+        config, state, model, vocab_size=tokenizer.vocab_size, rows=rows, start_step=start_step, log=log
     )
+    if jax.process_index() == 0:
+        if start_step == 0:  # a new run is recorded now
+            write_workdir_config(config, workdir)
+        paths.write_atomic(workdir.run_info, json.dumps(info, indent=2) + "\n")
     books = Books.start(config, workdir, start_step, tokenizer.vocab_size)
     train_step = compile_train_step(config, model, tx, mesh)
     run = Run(config, workdir, batches, lengths, len(train_split), train_step=train_step, dev=dev, manager=manager)
@@ -284,8 +281,11 @@ def ready_to_train(run: Run, state: TrainState, books: Books, stop: StopRequest,
     if books.early:  # a resumed run that early stopping had ended
         log(f"{run.workdir} ended at step {books.step}: {books.early}; nothing to train")
         return False
+    if books.step >= run.config.num_train_steps:
+        log(f"{run.workdir} is already at step {books.step} of {run.config.num_train_steps}; nothing to train")
+        return False
     now = lifecycle.agree(run.config, books.step, stop, books.progress, time_due=False, now=True, budget=False)
-    if books.step < run.config.num_train_steps and now.stop:
+    if now.stop:
         log(f"{stop.name} before the first step: nothing new to save; exiting")
         return False
     return True

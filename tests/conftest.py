@@ -63,7 +63,8 @@ from etils import epath  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from fxformer import configfile  # noqa: E402
-from fxformer.data import corpora, token_ids, tokenizer_for  # noqa: E402
+from fxformer.data import corpora, token_ids  # noqa: E402
+from fxformer.data.tokenizer import tokenizer_for  # noqa: E402
 
 # Tests that run fxformer's commands end to end (subprocesses), or compile the model many times,
 # carry `@pytest.mark.slow`: `python -m pytest -m "not slow"` runs the rest in under a minute

@@ -15,7 +15,8 @@ from tensorflow_datasets.translate import wmt14
 
 from fxformer import paths
 from fxformer.config import validate
-from fxformer.data import corpora, packing, pipeline, token_ids, tokenized, tokenizer_for
+from fxformer.data import corpora, packing, pipeline, token_ids, tokenized
+from fxformer.data.tokenizer import tokenizer_for
 from fxformer.errors import UserError
 from fxformer.tokens import EOS_ID, PAD_ID
 

@@ -172,3 +172,21 @@ def test_early_stopping_says_why_and_lets_the_last_step_end_the_run_itself(tmp_p
     assert lifecycle.plateau(config, best, 10) == ""  # the last step ends the run anyway
     assert lifecycle.plateau(Config(config, early_stopping_patience=3), best, 6) == ""
     best.close()
+
+
+def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_path):
+    run = paths.Workdir(tmp_path / "w")
+    for path in (run.checkpoints / "4" / "state", run.best / "2", run.tensorboard):
+        path.mkdir(parents=True)
+    for path in (run.metrics, run.run_info, run.root / ".metrics.jsonl.tmp"):
+        path.write_text("{}")
+    assert run.removed()  # neither config.json nor tokenizer.model: what is there, the run recreated
+    lifecycle.forget_training(run)
+    assert not run.root.exists()
+
+    (run.checkpoints / "4").mkdir(parents=True)
+    (run.root / "notes.txt").write_text("someone else's")
+    lifecycle.forget_training(run)
+    assert [p.name for p in run.root.iterdir()] == ["notes.txt"]  # not the run's: kept, and the directory with it
+    run.tokenizer.write_text("x")
+    assert not run.removed()  # a workdir that keeps its tokenizer (or its config) is no removed one

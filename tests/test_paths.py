@@ -113,24 +113,6 @@ def test_a_checkpoint_in_a_bucket_is_complete_once_orbax_has_written_its_commit_
     assert [p.name for p in run.checkpoints.iterdir()] == ["2"]
 
 
-def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_path):
-    run = paths.Workdir(tmp_path / "w")
-    for path in (run.checkpoints / "4" / "state", run.best / "2", run.tensorboard):
-        path.mkdir(parents=True)
-    for path in (run.metrics, run.run_info, run.root / ".metrics.jsonl.tmp"):
-        path.write_text("{}")
-    assert run.removed()  # neither config.json nor tokenizer.model: what is there, the run recreated
-    run.forget_training()
-    assert not run.root.exists()
-
-    (run.checkpoints / "4").mkdir(parents=True)
-    (run.root / "notes.txt").write_text("someone else's")
-    run.forget_training()
-    assert [p.name for p in run.root.iterdir()] == ["notes.txt"]  # not the run's: kept, and the directory with it
-    run.tokenizer.write_text("x")
-    assert not run.removed()  # a workdir that keeps its tokenizer (or its config) is no removed one
-
-
 @pytest.mark.parametrize(
     "error",
     [

@@ -29,7 +29,8 @@ def test_a_different_tokenizer_is_named_as_a_mismatch_not_a_corrupt_checkpoint(t
 
     from conftest import env_with_devices, small_config
 
-    from fxformer.data import corpora, tokenizer_for
+    from fxformer.data import corpora
+    from fxformer.data.tokenizer import tokenizer_for
 
     workdir = tiny_run(tmp_path / "w", steps=2)
     other = small_config(data_dir, vocab_size=300)

@@ -14,7 +14,8 @@ import numpy as np
 
 from fxformer import cli
 from fxformer.config import validate
-from fxformer.data import baseline, corpora, pipeline, token_ids, tokenized, tokenizer_for
+from fxformer.data import baseline, corpora, pipeline, token_ids, tokenized
+from fxformer.data.tokenizer import tokenizer_for
 from fxformer.errors import UserError
 
 BINS = [0, 8, 16, 32, 64, 128, 256, 512, 1024, 10**9]

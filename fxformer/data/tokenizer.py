@@ -1,4 +1,5 @@
-"""One shared source-target sentencepiece BPE model, trained once per dataset and cached.
+"""One shared source-target sentencepiece BPE model, trained once per dataset and cached beside
+it, then copied into each run's workdir (`tokenizer_for`).
 
 pad, unk, bos and eos have the distinct ids of `fxformer.tokens` (pad never doubles as unk).
 """
@@ -9,11 +10,13 @@ import io
 import time
 from collections.abc import Iterable
 
+import ml_collections
 import numpy as np
 import sentencepiece as spm
 from etils import epath
 
 from fxformer import paths
+from fxformer.data import corpora
 from fxformer.errors import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -104,3 +107,31 @@ def cached_tokenizer(
     if not cache_path.exists():
         return train_tokenizer(sentences_fn(), vocab_size, cache_path, max_sentences, log=log)
     return Tokenizer(cache_path)
+
+
+def tokenizer_for(
+    data: ml_collections.ConfigDict, builder, workdir: paths.Workdir | None = None, log=print
+) -> Tokenizer:
+    """The dataset's shared BPE model: trained once beside the dataset, then copied into `workdir`.
+
+    A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
+    """
+    if workdir is not None and (copy := workdir.tokenizer).exists():
+        return Tokenizer(copy)
+    source = corpora.data_source(builder, data.train_split)
+
+    def sentences():
+        """Source and target sentences of a seeded sample of training pairs, interleaved."""
+        order = np.random.default_rng(0).permutation(len(source))[: (data.tokenizer_sentences + 1) // 2]
+        for i in order:
+            record = source[int(i)]
+            for lang in (data.source_lang, data.target_lang):
+                yield record[lang].decode("utf-8")
+
+    name = f"tokenizer-bpe{data.vocab_size}-{data.source_lang}{data.target_lang}-{data.tokenizer_sentences}.model"
+    cache = paths.as_path(builder.data_dir) / name
+    tokenizer = cached_tokenizer(cache, sentences, data.vocab_size, data.tokenizer_sentences, log=log)
+    if workdir is not None:
+        workdir.root.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(workdir.tokenizer, tokenizer.proto)
+    return tokenizer
