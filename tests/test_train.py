@@ -14,6 +14,7 @@ import psutil
 import pytest
 from conftest import (
     TINY,
+    TINY_RUNS,
     cluster_flags,
     env_with_devices,
     final_params,
@@ -22,6 +23,7 @@ from conftest import (
     on_two_processes,
     run_train,
     small_config,
+    snapshot,
     train_command,
     wait_while_running,
 )
@@ -346,6 +348,16 @@ def test_sigterm_or_ctrl_c_saves_and_exits_with_the_stopped_status(sig, tmp_path
     assert f"{sig.name}: saved step {saved[0]}" in stdout
     resumed = run_train(workdir, data_dir, num_train_steps=saved[0] + 1)
     assert f"resumed from {workdir / 'checkpoints' / str(saved[0])}" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_trains_nothing_and_changes_nothing(tmp_path, data_dir, tiny_run):
+    workdir = tiny_run(tmp_path / "w", 2)
+    kept = ("metrics.jsonl", "config.json", "best", "checkpoints")  # run.json and TensorBoard: each attempt's own
+    before = [snapshot(workdir / name) for name in kept]
+    again = run_train(workdir, data_dir, **TINY_RUNS[2])
+    assert f"{workdir} is already at step 2 of 2; nothing to train" in again.stdout
+    assert [snapshot(workdir / name) for name in kept] == before
 
 
 @pytest.mark.slow
