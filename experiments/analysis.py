@@ -300,7 +300,7 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
             rows = ", ".join(f"{row}: {v}" for row, v in c["verdicts"].items())
             lines.append(f"| {c['claim']} ({c['source']}) | {rows} |")
     text = "\n".join(lines) + "\n"
-    data = {
+    data = {  # floats rounded (`stats.rounded`): the file rebuilds byte for byte on any machine
         "plan": dataclasses.asdict(plan),
         "rows": [dataclasses.asdict(j) for j in judged],
         "counts": count(judged),
@@ -309,4 +309,4 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         "bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu.items()},
         "claims": found_claims,
     }
-    return text, data
+    return text, stats.rounded(data)

@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 
-from experiments import analysis, records
+from experiments import analysis, records, stats
 from experiments import sweep as sweep_module
 from fxformer import exitcodes, paths
 from fxformer.errors import UserError
@@ -117,7 +117,8 @@ def document(first: Table, second: Table) -> tuple[str, dict]:
     moved = [row for row, r in rows.items() if r["interaction"] and r["interaction"]["p"] < 0.05]
     changed = ", ".join(moved) or "none"
     lines += ["", f"Rows whose difference from base changes between the regimes (95% CI excludes 0): {changed}."]
-    return "\n".join(lines) + "\n", {"first": first.name, "second": second.name, "rows": rows, "moved": moved}
+    data = {"first": first.name, "second": second.name, "rows": rows, "moved": moved}
+    return "\n".join(lines) + "\n", stats.rounded(data)  # byte for byte on any machine
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,19 @@ ALPHA = 0.05  # two-sided: a paired difference is a direction where the t-test's
 LEVEL = 0.95  # the confidence interval of a mean paired difference
 
 
+def rounded(value, digits: int = 10):
+    """`value` with every float in it (nested in dicts, lists, tuples) to `digits` significant
+    figures: the last bits of a computation differ between CPUs and BLAS builds, so a results
+    file rebuilds byte for byte on any machine only from numbers rounded well above them."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {key: rounded(v, digits) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     """(mean, sample standard deviation); sd is None for fewer than two values, both for none."""
     if not values:

@@ -233,6 +233,13 @@ def test_the_interaction_of_two_analyses_is_the_difference_of_their_estimates():
     assert both.se == pytest.approx(math.sqrt(first[1].se ** 2 + second[1].se ** 2))
 
 
+def test_rounded_numbers_agree_where_a_computation_differs_in_its_last_bits():
+    assert 0.1 + 0.2 != 0.3 and stats.rounded(0.1 + 0.2) == stats.rounded(0.3) == 0.3
+    out = stats.rounded({"x": [1, True, None, "s", math.nan, (2.0000000000001, -1e-300)], "y": {"z": 1 / 3}})
+    assert out["x"][:4] == [1, True, None, "s"] and math.isnan(out["x"][4]) and out["x"][5] == [2.0, -1e-300]
+    assert out["y"] == {"z": 0.3333333333}
+
+
 @pytest.mark.parametrize("folder", ANALYSED, ids=lambda p: str(p.relative_to(RESULTS)))
 def test_every_committed_analysis_is_what_its_records_give(folder, tmp_path):
     assert (
