@@ -35,7 +35,7 @@ from fxformer.errors import UserError
 FORMAT = 1
 NAME = "records.jsonl.gz"
 CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu")
-RUN_INFO = ("num_params", "devices", "platform", "device_kind", "versions")  # what records keep of W/run.json
+RUN_INFO = ("num_params", "devices", "platform", "device_kind", "cpu", "versions")  # what records keep of W/run.json
 FROM_RESULTS = (
     "re-collected from results.json, which holds each seed's final figures only: no learning curves and no raw "
     "records (a re-run of the sweep, or its records.jsonl.gz, has them)"
@@ -66,6 +66,7 @@ def from_root(ctx, runs) -> dict:
     header["environment"] = environment()
     reps = [replicate(ctx, rep) for run in ctx.sweep.runs if run.name in names for rep in ctx.replicates(run)]
     header["environment"]["platforms"] = sorted({p for rep in reps if (p := rep["run_info"].get("platform"))})
+    header["environment"]["cpus"] = sorted({c for rep in reps if (c := rep["run_info"].get("cpu"))})  # unknown: none
     return {"header": header, "replicates": reps}
 
 

@@ -100,6 +100,7 @@ def describe(
         "start_step": start_step,
         "device_kind": jax.devices()[0].device_kind,
         "versions": versions.versions(),
+        "cpu": versions.cpu(),
     }
 
 

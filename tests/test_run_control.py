@@ -335,9 +335,12 @@ def test_a_resume_on_a_device_count_that_changes_the_rows_per_step_says_so(tmp_p
     import jax
     import numpy as np
 
+    from fxformer import versions
+
     # what the run computed with: the versions the packages report themselves, and the device
     assert info["versions"]["jax"] == jax.__version__ and info["versions"]["numpy"] == np.__version__
     assert info["device_kind"] == jax.devices()[0].device_kind and info["platform"] == "cpu"
+    assert info["cpu"] == versions.cpu()  # the host CPU, whose instruction set XLA compiled for
 
 
 def test_the_data_state_records_its_rows_per_step_and_reads_an_older_one_without_them(corpus, corpus_ids):

@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 from experiments import __main__ as experiments_main
 from experiments import analysis, records, regime, stats
 from experiments import sweep as sweep_module
+from fxformer import versions
 
 # ---------------------------------------------------------------------------------------------
 # closed forms
@@ -262,6 +263,14 @@ def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
     }
     env = records.environment()
     assert env["jax"] == jax.__version__ and env["flax"] == flax.__version__ and env["numpy"] == np.__version__
+
+
+def test_the_cpu_is_named_with_its_widest_vector_extension():
+    amd = "processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+    assert versions.cpu(amd) == "AMD EPYC 7B13 64-Core Processor, avx2"
+    intel = amd.replace("AMD EPYC 7B13 64-Core", "Intel(R) Xeon(R)").replace("fma", "avx512f avx512bw")
+    assert versions.cpu(intel) == "Intel(R) Xeon(R) Processor, avx512f"
+    assert versions.cpu("model name\t: Neoverse-V2\nFeatures\t: fp asimd evtstrm\n") == "Neoverse-V2, asimd"
 
 
 def test_the_full_profile_trains_every_row_for_one_budget_at_the_papers_rate_for_its_width(tmp_path):
