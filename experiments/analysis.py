@@ -276,7 +276,7 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
     new_ties = [j.row for j, k in zip(judged, ties) if j.paper_sign and k.paper_sign == 0]
     found_claims = claims(sweep, judged)
     lines = [
-        f"# {sweep.name}, profile {doc['header']['profile']}: the analysis plan's result",
+        f"# {sweep.name}, profile {doc['header']['profile'].partition(':')[0]}: the analysis plan's result",
         "",
         intro(sweep, plan, pooled, welch_rows, len(counted)),
         "",

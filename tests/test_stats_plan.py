@@ -251,6 +251,8 @@ def test_every_committed_analysis_is_what_its_records_give(folder, tmp_path):
     )
     for name in ("analysis.md", "analysis.json"):
         assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), f"{folder / name}: collect it again"
+    heading = (tmp_path / "analysis.md").read_text().splitlines()[0]
+    assert "/" not in heading, f"the heading names a local folder: {heading}"
 
 
 def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
