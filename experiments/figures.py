@@ -358,7 +358,8 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
         for name in [sweep.baseline, *members]:
             steps, mean, low, high = band(by_row.get(name, []))
             style = {"color": "black", "linestyle": "--"} if name == sweep.baseline else {}
-            line = ax.plot(steps, mean, label=name, **style)[0]
+            label = name if steps else f"{name} (not run)"
+            line = ax.plot(steps, mean, label=label, **style)[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             for seed_steps, values in seed_lines(by_row.get(name, [])):
                 ax.plot(seed_steps, values, color=line.get_color(), linestyle=line.get_linestyle(), lw=0.6, alpha=0.6)
