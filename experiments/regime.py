@@ -75,13 +75,19 @@ def sci(value: float | None) -> str:
     return "" if value is None else f"{value:.2e}"
 
 
+def span(steps: list[int]) -> str:
+    """A row's steps over its finished seeds: one number, or the lowest and highest."""
+    return f"{steps[0]:,}" if len(set(steps)) == 1 else f"{min(steps):,}-{max(steps):,}" if steps else ""
+
+
 def document(first: Table, second: Table) -> tuple[str, dict]:
     """(regime.md, regime.json) of the two tables."""
     both = analysis.interactions(first.judged, second.judged)
     a, b = ({j.row: j for j in t.judged} for t in (first, second))
     header = [
         "row", f"Δ {first.name} [95% CI]", "verdict", f"Δ {second.name} [95% CI]", "verdict",
-        "interaction [95% CI]", "p", f"steps {second.name}", f"target tokens {second.name}", f"FLOPs {second.name}",
+        "interaction [95% CI]", "p", f"steps {first.name}", f"steps {second.name}", f"target tokens {second.name}",
+        f"FLOPs {second.name}",
     ]  # fmt: skip
     lines = [
         f"# Table 3 in two regimes: {first.name} and {second.name}",
@@ -104,7 +110,7 @@ def document(first: Table, second: Table) -> tuple[str, dict]:
             f"{analysis.percent(x.estimate)} {analysis.interval_text(x.low, x.high)}".strip(), x.verdict,
             f"{analysis.percent(y.estimate)} {analysis.interval_text(y.low, y.high)}".strip(), y.verdict,
             f"{analysis.percent(c.estimate)} {analysis.interval_text(low, high)}" if c else "",
-            analysis.p_text(c.p()) if c else "", ", ".join(f"{s:,}" for s in spent["steps"]),
+            analysis.p_text(c.p()) if c else "", span(budget(first.doc, row)["steps"]), span(spent["steps"]),
             f"{spent['tokens']:,.0f}" if spent["tokens"] else "", sci(spent["flops"]),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -311,6 +311,14 @@ def test_two_tables_side_by_side_give_each_rows_interaction_from_their_analyses(
     assert "A4" in found["moved"] and "interaction [95% CI]" in (tmp_path / "regime.md").read_text()
 
 
+def test_the_committed_regime_comparison_is_what_the_two_records_give(tmp_path, capsys):
+    folder = RESULTS / "table3-regime"
+    first, second = RESULTS / "table3-multi30k" / "records.jsonl.gz", folder / "records.jsonl.gz"
+    assert regime.main([str(first), str(second), f"--out={tmp_path}"]) == 0
+    for name in ("regime.md", "regime.json"):
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), f"{folder / name}: write it again"
+
+
 def test_a_row_budget_and_the_base_seeds_count_finished_runs_only():
     """Records taken mid-sweep hold running and pending replicates: a running seed's few steps and
     tokens are not the row's budget, and a pending seed is not one of base's seeds."""

@@ -1,11 +1,13 @@
 #!/bin/bash
-# land.sh ROOT OUT PID: how this folder's records landed while the sweep ran. Every 5 minutes while
+# land.sh ROOT OUT PID [THEN...]: how this folder's records landed while the sweep ran. Every 5 minutes while
 # the sweep's process PID lives (and once, within 10 s, after it ends), if more runs have finished since the last
-# look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the checkout's code, and a
-# commit of OUT alone ("records of N finished runs"), so that a new machine loses only the runs in flight.
+# look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the checkout's code, then the
+# command THEN if given (what else in OUT is computed from the records), and a commit of OUT alone
+# ("records of N finished runs"), so that a new machine loses only the runs in flight.
 #   PID=$(pgrep -f "experiments run table3" | head -1)
 #   nohup experiments/results/table3-multi30k/land.sh /tmp/t3s/root experiments/results/table3-multi30k $PID &
-ROOT=$1; OUT=$2; PID=$3
+ROOT=$1; OUT=$2; PID=$3; shift 3; THEN=("$@")
+then_() { [ ${#THEN[@]} = 0 ] || nice -n 19 "${THEN[@]}" >> /tmp/land-collect.log 2>&1; }
 finished() { grep -l '"finished"' $ROOT/*/*/sweep.json $ROOT/*/sweep.json 2>/dev/null | wc -l; }
 last=$(finished)
 while true; do
@@ -13,7 +15,7 @@ while true; do
   n=$(finished)
   if [ "$n" != "$last" ]; then
     nice -n 19 .venv/bin/python -m experiments collect table3 --root=$ROOT --out=$OUT > /tmp/land-collect.log 2>&1 \
-      && git add -- $OUT && git commit -q -m "$(basename $(dirname $OUT))/$(basename $OUT): records of $n finished runs (collected as they land)" -- $OUT \
+      && then_ && git add -- $OUT && git commit -q -m "$(basename $(dirname $OUT))/$(basename $OUT): records of $n finished runs (collected as they land)" -- $OUT \
       && echo "$(date -u +%H:%M) landed $n"
     last=$n
   fi
