@@ -6,7 +6,7 @@
 #   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
 #                  into this folder: two rows a call (seed by seed within it), so that two runs
 #                  always share the cores and each call ends with its rows complete; with each
-#                  landing, regime.md: the rows set against the 6,000-pair table (experiments.regime)
+#                  landing, the figures and regime.md: the rows set against the 6,000-pair table
 # On a new machine it first restores the finished runs of the committed records into ROOT
 # (`experiments restore`; a run directory already there is left as it is).
 # Usage: run.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
@@ -40,8 +40,9 @@ for call in "${CALLS[@]}"; do
   # shellcheck disable=SC2086  # a call is its flags, split on spaces
   .venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE $call --parallel=2 &
   PID=$!
-  THEN=()  # the sweep's rows set against the 6,000-pair table's (regime.md), rewritten with each landing
-  [ "$STAGE" = pilot ] || THEN=(.venv/bin/python -m experiments.regime experiments/results/table3-multi30k/records.jsonl.gz "$OUT/records.jsonl.gz")
+  # with each landing: the figures, and the rows set against the 6,000-pair table's (regime.md)
+  THEN=(bash -c ".venv/bin/python -m experiments plot table3 --from_records=$OUT/records.jsonl.gz --out=$OUT")
+  [ "$STAGE" = pilot ] || THEN[2]+=" && .venv/bin/python -m experiments.regime experiments/results/table3-multi30k/records.jsonl.gz $OUT/records.jsonl.gz"
   bash experiments/results/table3-multi30k/land.sh $ROOT $OUT $PID "${THEN[@]}" &
   wait $PID; rc=$?
   wait
