@@ -294,7 +294,10 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         f"{', '.join(new_ties) or 'none'}",
     ]
     if found_claims:
-        lines += ["", "**The paper's claims** (each row judged against the direction the claim states):", ""]
+        how = (
+            f"on {plan.split} {plan.metric.upper()}, the plan's outcome, also where the paper states the claim in BLEU"
+        )
+        lines += ["", f"**The paper's claims** (each row judged against the direction the claim states, {how}):", ""]
         lines += ["| claim | rows: our verdict |", "|---|---|"]
         for c in found_claims:
             rows = ", ".join(f"{row}: {v}" for row, v in c["verdicts"].items())

@@ -176,8 +176,8 @@ class Pace:
     """The sweep's ETA: the wall time since the first run this invocation worked on began, per run
     it trained, times the runs left. Runs found finished and skipped take no time and count in
     neither, or a resumed sweep would read an ETA of seconds; a run resumed from a checkpoint
-    counts as the part of its steps it trained (`trained_part`), or the runs in flight when a
-    session ended, finishing first, would make the ETA minutes. Evaluation is time without steps:
+    counts as the part of its steps it trained (`trained_part`), or the runs in flight when the
+    sweep was last stopped, finishing first, would make the ETA minutes. Evaluation is time without steps:
     a sweep that only evaluates shows no ETA."""
 
     def __init__(self):

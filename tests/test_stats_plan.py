@@ -34,6 +34,17 @@ def t_cdf(t: float, df: float) -> float:
     return 0.5 + math.copysign(integral, t)
 
 
+def t_two_sided(t: float, df: float) -> float:
+    """P(|T| > |t|): twice the density's integral from |t| to infinity, through x = |t| / u over
+    u in (0, 1] (Simpson), so that a p-value of 1e-13 keeps its relative precision."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    u = np.linspace(0.0, 1.0, 20_001)[1:]
+    x = abs(t) / u
+    f = np.concatenate([[0.0], c * (1 + x * x / df) ** (-(df + 1) / 2) * abs(t) / (u * u)])
+    h = 1.0 / 20_000
+    return 2 * h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+
 def t_quantile(q: float, df: float) -> float:
     low, high = -50.0, 50.0
     for _ in range(80):
@@ -62,7 +73,7 @@ GROUPS = {row: list(mean + DEVIATIONS) for row, mean in MEANS.items()}
 MARGIN = math.log1p(0.02)  # a 2% margin: 0.0198 on the log scale
 
 
-def closed_form(groups: dict, base: str = "base") -> dict:
+def closed_form(groups: dict, base: str = "base", margin: float = MARGIN) -> dict:
     """The pooled model of a balanced design by hand: differences of means, SE sqrt(s_p^2 * 2 / n), df N - k."""
     n, k = len(groups[base]), len(groups)
     residual = sum(((np.array(v) - np.mean(v)) ** 2).sum() for v in groups.values())
@@ -73,8 +84,8 @@ def closed_form(groups: dict, base: str = "base") -> dict:
         if row == base:
             continue
         d = float(np.mean(values) - np.mean(groups[base]))
-        p = 2 * (1 - t_cdf(abs(d / se), df))
-        p_tost = max(1 - t_cdf((d + MARGIN) / se, df), t_cdf((d - MARGIN) / se, df))
+        p = t_two_sided(d / se, df)
+        p_tost = max(1 - t_cdf((d + margin) / se, df), t_cdf((d - margin) / se, df))
         half = t_quantile(0.975, df) * se
         out[row] = {"d": d, "se": se, "df": df, "p": p, "p_tost": p_tost, "ci": (d - half, d + half)}
     return out
@@ -91,9 +102,14 @@ def test_the_pooled_model_equals_the_closed_form_of_a_balanced_design():
         assert c.method == "pooled" and c.n == 4 and c.df == hand[row]["df"] == 15
         assert c.estimate == pytest.approx(hand[row]["d"], abs=1e-12)
         assert c.se == pytest.approx(hand[row]["se"], rel=1e-9)
-        assert c.p() == pytest.approx(hand[row]["p"], rel=1e-6, abs=1e-12)
+        assert c.p() == pytest.approx(hand[row]["p"], rel=1e-6)
         assert c.p_equivalent(MARGIN) == pytest.approx(hand[row]["p_tost"], rel=1e-6, abs=1e-12)
         assert c.interval() == pytest.approx(hand[row]["ci"], rel=1e-6)
+        # cross-check of the closed form's t distribution with scipy's
+        t = hand[row]["d"] / hand[row]["se"]
+        assert hand[row]["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(t), 15), rel=1e-6)
+        assert hand[row]["ci"][1] - hand[row]["d"] == pytest.approx(scipy_stats.t.ppf(0.975, 15) * hand[row]["se"])
+    assert hand["large"]["p"] < 1e-12  # the row whose p needs the relative tolerance
 
 
 def test_holm_equals_the_step_down_closed_form_and_the_verdicts_cover_every_case():
@@ -207,10 +223,16 @@ def test_the_analysis_of_records_is_the_closed_form_with_the_papers_directions_a
     sweep, doc = fake_records(groups, paper)
     doc["replicates"].append({"row": "E", "seed": 9, "evals": {"validation": {"ppl": float("nan")}}, "curve": []})
     judged = {j.row: j for j in analysis.judge(sweep, doc, analysis.Plan.of(sweep))}
-    hand = closed_form({row: groups[row] for row in groups})
-    for row in ["A1", "A2", "B1", "E"]:
+    plan = analysis.Plan.of(sweep)
+    hand = closed_form({row: groups[row] for row in groups}, margin=math.log1p(plan.margin))
+    rows = ["A1", "A2", "B1", "E"]
+    holm, holm_tost = (holm_closed_form([hand[r][key] for r in rows]) for key in ("p", "p_tost"))
+    for i, row in enumerate(rows):
         assert judged[row].estimate == pytest.approx(hand[row]["d"], abs=1e-9)
-        assert judged[row].p == pytest.approx(hand[row]["p"], rel=1e-6, abs=1e-12)
+        assert judged[row].p == pytest.approx(hand[row]["p"], rel=1e-6)
+        assert judged[row].p_holm == pytest.approx(holm[i], rel=1e-6)
+        assert judged[row].p_tost == pytest.approx(hand[row]["p_tost"], rel=1e-6, abs=1e-12)
+        assert judged[row].p_tost_holm == pytest.approx(holm_tost[i], rel=1e-6, abs=1e-12)
     assert judged["E"].n == 4 and judged["E"].diverged == 1  # the NaN left out, and named
     assert judged["base"].paper is None and judged["E"].paper_sign == 0 and judged["A2"].paper_sign == -1
     # large -> A1 agrees (worse, as the paper); flip -> A2 equivalent (inside 2% where the paper moved);
@@ -265,6 +287,19 @@ def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
     }
     env = records.environment()
     assert env["jax"] == jax.__version__ and env["flax"] == flax.__version__ and env["numpy"] == np.__version__
+
+
+@pytest.mark.parametrize("folder", ["table3-regime", "table3-regime/pilot"])
+def test_the_regime_records_name_their_data_and_environment(folder):
+    header = records.read(str(RESULTS / folder / "records.jsonl.gz"))["header"]
+    assert header["data"]["source"].startswith("https://github.com/multi30k/dataset, data/task1/raw, commit ")
+    digests = header["data"]["sha256"]
+    assert sorted(digests) == sorted(
+        f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")
+    )
+    assert all(len(d) == 64 and int(d, 16) >= 0 for d in digests.values())
+    env = header["environment"]
+    assert env["platforms"] == ["cpu"] and all(env[name] for name in ("python", "jax", "jaxlib", "flax", "numpy"))
 
 
 def test_the_cpu_is_named_with_its_widest_vector_extension():

@@ -194,7 +194,7 @@ def test_a_resumed_sweeps_eta_is_paced_by_the_runs_it_worked_on():
     assert pace.eta(3, 1300.0) == ", ETA 30m00s"  # 1200 s for two runs x 3
     resumed = runner.Pace()
     resumed.began(0.0)
-    resumed.ended(400 / 2800)  # a run in flight when the last session ended: 1/7 of a run
+    resumed.ended(400 / 2800)  # a run in flight when the sweep last stopped: 1/7 of a run
     resumed.ended(1.0)  # one trained whole
     assert resumed.eta(7, 1600.0) == ", ETA 2h43m20s"  # 1600 s per 8/7 run = 1400 s per run, x 7 = 9800 s
 

@@ -5,7 +5,7 @@
 # with the wheels of experiments/gpu/wheels.txt in .whl/. Output: $OUT/bench.jsonl, benches.log, pytest.log.
 # Environment: LIMIT (s), STEPS, BENCHES (names, default all), TESTS (pytest paths), SKIP_INSTALL,
 # SKIP_BENCHES, SKIP_TESTS. Both in one run of about 8 minutes:
-#   BENCHES="head one_pass_loss head_again" LIMIT=480 bash experiments/gpu/h100-diag.sh   (carry .whl)
+#   BENCHES="head one_pass_loss head_again" LIMIT=480 bash experiments/gpu/h100-diag.sh   (the wheels in .whl/)
 LIMIT=${LIMIT:-570} BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 source experiments/gpu/lib.sh
 BASE="--config=configs/base.py --config.model.dtype=bfloat16 --config.model.attention_impl=cudnn --steps=${STEPS:-20} --decode_batch=0 --json"
