@@ -213,17 +213,19 @@ def direction_text(sign: int | None) -> str:
 
 
 def table_lines(
-    judged: list[Judged], test: dict[str, Judged], bleu: dict[str, stats.Contrast], plan: Plan
+    judged: list[Judged], test: dict[str, Judged], bleu: dict[str, dict[str, stats.Contrast]], plan: Plan
 ) -> list[str]:
     """The plan's table: a row per row, the primary columns first."""
     name = f"{plan.split} {plan.metric.upper()}"
     header = [
         "row", "seeds", f"{name} (geo. mean)", "Δ", "95% CI", "p", "Holm p", f"TOST ±{100 * plan.margin:g}% Holm p",
-        "paper Δ", "paper", "verdict", "power", "test Δ [95% CI]", "test Holm p", "BLEU Δ [95% CI]",
+        "paper Δ", "paper", "verdict", "power", "test Δ [95% CI]", "test Holm p", "dev BLEU Δ [95% CI]",
+        *(["test BLEU Δ [95% CI]"] if bleu.get("test") else []),
     ]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for j in judged:
-        t, b = test.get(j.row), bleu.get(j.row)
+        t = test.get(j.row)
+        b = [bleu[split].get(j.row) for split in ("dev", "test") if bleu.get(split)]
         seeds = f"{j.n}" + (f" (+{j.diverged} diverged)" if j.diverged else "")
         cells = [
             j.row + ("" if j.counted or j.estimate is None else " (pilot)"), seeds,
@@ -232,7 +234,7 @@ def table_lines(
             j.verdict, f"{j.power:.2f}" if j.power is not None else "",
             f"{percent(t.estimate)} {interval_text(t.low, t.high)}" if t and t.estimate is not None else "",
             p_text(t.p_holm) if t else "",
-            f"{b.estimate:+.2f} {interval_text(*b.interval(), relative=False)}" if b else "",
+            *(f"{c.estimate:+.2f} {interval_text(*c.interval(), relative=False)}" if c else "" for c in b),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -262,7 +264,10 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
     test_split = next(iter(dict(sweep.evaluations()[1:])), None)
     on_test = dataclasses.replace(plan, split=test_split or "", readout="final")
     test = {j.row: j for j in judge(sweep, doc, on_test)} if test_split else {}
-    bleu = bleu_contrasts(sweep, doc, plan.split)
+    bleu = {
+        "dev": bleu_contrasts(sweep, doc, plan.split),
+        "test": bleu_contrasts(sweep, doc, test_split) if test else {},
+    }
     pooled = next((j for j in judged if j.method == "pooled"), None)
     welch_rows = [j.row for j in judged if j.method == "welch"]
     changed = {f"margin ±{100 * m:g}%": {"margin": m} for m in stats.MARGINS}
@@ -309,7 +314,8 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         "counts": count(judged),
         "sensitivities": {label: count(found) for label, found in sensitivities.items()},
         "test": {row: dataclasses.asdict(j) for row, j in test.items()},
-        "bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu.items()},
+        "bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu["dev"].items()},
+        "test_bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu["test"].items()},
         "claims": found_claims,
     }
     return text, stats.rounded(data)
