@@ -280,8 +280,8 @@ def plan_verdict(difference: int, equivalent: bool, reference: int) -> str:
     reference's direction, 0 for its tie.
     - The reference shows a direction: agrees / disagrees by the sign of a significant difference
       (significant and inside the margin too: the sign decides; the table shows the estimate
-      beside the margin); else
-      equivalent (ours inside the margin where the reference moved); else inconclusive.
+      beside the margin); else equivalent (ours inside the margin where the reference moved);
+      else inconclusive.
     - The reference ties: agrees where ours is equivalent (significant or not: a difference smaller
       than the margin); disagrees where ours is significant and not equivalent; else inconclusive."""
     if reference:
