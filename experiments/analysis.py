@@ -225,7 +225,7 @@ def table_lines(
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for j in judged:
         t = test.get(j.row)
-        b = [bleu[split].get(j.row) for split in ("dev", "test") if bleu.get(split)]
+        b = [bleu["dev"].get(j.row)] + ([bleu["test"].get(j.row)] if bleu.get("test") else [])
         seeds = f"{j.n}" + (f" (+{j.diverged} diverged)" if j.diverged else "")
         cells = [
             j.row + ("" if j.counted or j.estimate is None else " (pilot)"), seeds,
@@ -314,8 +314,10 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         "counts": count(judged),
         "sensitivities": {label: count(found) for label, found in sensitivities.items()},
         "test": {row: dataclasses.asdict(j) for row, j in test.items()},
-        "bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu["dev"].items()},
-        "test_bleu": {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu["test"].items()},
+        **{
+            key: {row: dataclasses.asdict(c) | {"interval": c.interval()} for row, c in bleu[split].items()}
+            for key, split in (("bleu", "dev"), ("test_bleu", "test"))
+        },
         "claims": found_claims,
     }
     return text, stats.rounded(data)

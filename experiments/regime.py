@@ -75,16 +75,14 @@ def sci(value: float | None) -> str:
     return "" if value is None else f"{value:.2e}"
 
 
-def span(steps: list[int]) -> str:
-    """A row's steps over its finished seeds: one number, or the lowest and highest."""
-    return f"{steps[0]:,}" if len(set(steps)) == 1 else f"{min(steps):,}-{max(steps):,}" if steps else ""
-
-
 def budget_text(spent: dict) -> str:
-    """A row's budget in one cell: its steps, the target tokens it saw and its training FLOPs."""
-    if not spent["steps"]:
+    """A row's budget in one cell: its steps over its finished seeds (`budget`'s sorted distinct
+    counts: one number, or the lowest and highest), the target tokens it saw and its training FLOPs."""
+    steps = spent["steps"]
+    if not steps:
         return ""
-    return f"{span(spent['steps'])} steps, {spent['tokens'] / 1e6:.1f}M tokens, {sci(spent['flops'])} FLOPs"
+    span = f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}-{steps[-1]:,}"
+    return f"{span} steps, {spent['tokens'] / 1e6:.1f}M tokens, {sci(spent['flops'])} FLOPs"
 
 
 def document(first: Table, second: Table) -> tuple[str, dict]:
