@@ -8,7 +8,8 @@ usual estimate of training FLOPs, 6 x parameters x target tokens.
     python -m experiments.regime experiments/results/table3-multi30k/records.jsonl.gz \\
         experiments/results/table3-regime/records.jsonl.gz --out=experiments/results/table3-regime
 
-Writes regime.md and regime.json in --out (default: beside the second file). Imports no JAX.
+Writes regime.md, regime.json and regime.png (the same rows as a figure) in --out (default:
+beside the second file). Imports no JAX.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import statistics
 import sys
 
-from experiments import analysis, records, stats
+from experiments import analysis, figures, records, stats
 from experiments import sweep as sweep_module
 from fxformer import exitcodes, paths
 from fxformer.errors import UserError
@@ -132,6 +133,13 @@ def document(first: Table, second: Table) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", stats.rounded(data)  # byte for byte on any machine
 
 
+def figure(first: Table, second: Table, path):
+    """regime.png: the rows judged in both tables, each table's difference and the interaction."""
+    judged = [(t.name, {j.row: j for j in t.judged if j.estimate is not None}) for t in (first, second)]
+    band = figures.noise_band(second.sweep, None, "ppl")  # the reference's, from its log sd
+    return figures.regime_figure(*judged, analysis.interactions(first.judged, second.judged), path, band)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.regime",
@@ -140,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("first", help="records.jsonl.gz of the first table (e.g. the 6,000-pair one)")
     parser.add_argument("second", help="records.jsonl.gz of the second table (e.g. the full regime)")
-    parser.add_argument("--out", default="", help="folder for regime.md and regime.json (default: beside SECOND)")
+    parser.add_argument(
+        "--out", default="", help="folder for regime.md, regime.json and regime.png (default: beside SECOND)"
+    )
     args = parser.parse_args(argv)
     try:
         first, second = load(args.first), load(args.second)
@@ -152,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     paths.write_atomic(out / "regime.md", text)
     paths.write_atomic(out / "regime.json", json.dumps(data, indent=2) + "\n")
+    figure(first, second, out / "regime.png")
     print(text, end="")
-    print(f"\nwritten: {out}/regime.md, regime.json")
+    print(f"\nwritten: {out}/regime.md, regime.json, regime.png")
     return exitcodes.OK
 
 

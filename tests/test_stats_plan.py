@@ -344,6 +344,7 @@ def test_two_tables_side_by_side_give_each_rows_interaction_from_their_analyses(
             assert r["interaction"]["estimate"] == pytest.approx(b[row]["estimate"] - a[row]["estimate"])
             assert r["interaction"]["se"] == pytest.approx(math.hypot(a[row]["se"], b[row]["se"]))
     assert "A4" in found["moved"] and "interaction [95% CI]" in (tmp_path / "regime.md").read_text()
+    assert (tmp_path / "regime.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # the same rows, drawn
 
 
 def test_the_committed_regime_comparison_is_what_the_two_records_give(tmp_path, capsys):
