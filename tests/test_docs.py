@@ -282,3 +282,22 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
     assert any("`docs/renamed.md` does not exist" in p for p in found), found
     assert any("no renamed_module.py in" in p for p in found), found
     assert len(found) == 9, found
+
+
+ESTIMATE = re.compile(r"[+-]\d+\.\d+%? \[[+-]\d+\.\d+%?, [+-]\d+\.\d+%?\]")  # "+19.5% [+17.7%, +21.4%]"
+
+
+def quoted_estimates(text: str, printed: str) -> list[str]:
+    """The estimates with their intervals that `text` quotes and `printed` (the generated pages) lacks."""
+    return [found for found in ESTIMATE.findall(text) if found not in printed]
+
+
+def test_every_estimate_the_pages_quote_is_one_the_results_print():
+    """An estimate with its 95% CI in the README or docs is copied by hand from the pages that
+    experiments.analysis and experiments.regime generate from the records: it must be there,
+    digit for digit (a slip in the last digit is the usual one)."""
+    results = REPO / "experiments" / "results"
+    printed = "".join(p.read_text() for p in sorted(results.glob("**/*.md")))
+    missing = {page.name: found for page in PAGES if (found := quoted_estimates(page.read_text(), printed))}
+    assert missing == {}, f"not in any experiments/results/**/*.md: {missing}"
+    assert quoted_estimates("D3 -6.3% [-7.7%, -4.8%] and +0.73 [-0.26, +1.73]", printed) == ["-6.3% [-7.7%, -4.8%]"]
