@@ -5,8 +5,10 @@
 #   run.sh pilot   base seeds 0-3 (the noise pilot), records into pilot/
 #   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
 #                  into this folder: two rows a call (seed by seed within it), so that two runs
-#                  always share the cores and each call ends with its rows complete; with each
-#                  landing, the figures and regime.md: the rows set against the 6,000-pair table
+#                  always share the cores and each call ends with its rows complete; big, a row
+#                  alone, runs its three seeds at once (two side by side would leave the third
+#                  alone on one core for half the row's time); with each landing, the figures
+#                  and regime.md: the rows set against the 6,000-pair table
 # On a new machine it first restores the finished runs of the committed records into ROOT
 # (`experiments restore`; a run directory already there is left as it is).
 # Usage: run.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
@@ -21,7 +23,7 @@ PROFILE=multi30k-full:$DATA
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"
 case $STAGE in
   pilot) CALLS=("--only=base --seeds=4"); OUT=experiments/results/table3-regime/pilot ;;
-  sweep) CALLS=(--only=base,D1 --only=D2,D3 --only=C1,C3 --only=C7,C5 --only=big); OUT=experiments/results/table3-regime ;;
+  sweep) CALLS=(--only=base,D1 --only=D2,D3 --only=C1,C3 --only=C7,C5 "--only=big --parallel=3"); OUT=experiments/results/table3-regime ;;
   *) echo "usage: run.sh pilot|sweep [ROOT] [MULTI30K]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m fxformer.data --config=configs/table3.py:base,$PROFILE > /tmp/t3full-data.log 2>&1 || exit 1
@@ -38,7 +40,7 @@ fi
 [ "$STAGE" = pilot ] || restore "$OUT/records.jsonl.gz"
 for call in "${CALLS[@]}"; do
   # shellcheck disable=SC2086  # a call is its flags, split on spaces
-  .venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE $call --parallel=2 &
+  .venv/bin/python -m experiments run table3 --root=$ROOT --profile=$PROFILE --parallel=2 $call &  # a call's own --parallel wins
   PID=$!
   # with each landing: the figures, and the rows set against the 6,000-pair table's (regime.md)
   THEN=(bash -c ".venv/bin/python -m experiments plot table3 --from_records=$OUT/records.jsonl.gz --out=$OUT")
