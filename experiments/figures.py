@@ -387,13 +387,14 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     difference from the baseline in each table and the reference's, right the interaction (how
     that difference moves from `first` to `second`) with its 95% CI. `first`, `second`:
     (name, {row: analysis.Judged}); `moved`: {row: stats.Contrast}; `noise`: the reference's
-    noise band, percent."""
+    noise band, percent. A mark or interval end beyond the cut (`cut_at`) is drawn at it, and its
+    label gives the whole estimate and interval, « or » on the side beyond the cut."""
     plt = png.pyplot()
     (name_a, a), (name_b, b) = first, second
     rows = [row for row in b if row in moved]
     places = [float(i) for i in range(len(rows))]
     fig, (left, right) = plt.subplots(
-        1, 2, figsize=(11, 0.55 * len(rows) + 2.4), sharey=True, gridspec_kw={"width_ratios": [3, 2]}
+        1, 2, figsize=(12, 0.55 * len(rows) + 2.6), sharey=True, gridspec_kw={"width_ratios": [3.4, 2]}
     )
     sides = ((name_a, a, "tab:orange", "o", -0.22), (name_b, b, "tab:blue", "s", 0.0))
     ours = [planned(table[row]) for _, table, *_ in sides for row in rows]
@@ -401,50 +402,46 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     limit = cut_at(ours, paper)
     clip = (lambda v: v) if limit is None else (lambda v: max(-limit, min(limit, v)))  # noqa: E731
     if noise is not None:
-        left.axvspan(-noise, noise, color="tab:orange", alpha=0.12, linewidth=0, label="paper's noise band (a tie)")
+        left.axvspan(-noise, noise, color="0.5", alpha=0.15, linewidth=0, label="paper's noise band (a tie)")
     for name, table, color, marker, offset in sides:
-        for y, row in zip(places, rows):
+        for i, (y, row) in enumerate(zip(places, rows)):
             value, low, high = planned(table[row])
             shown = [clip(v) for v in (value, low, high)]
             left.errorbar(
                 shown[0], y + offset, xerr=[[shown[0] - shown[1]], [shown[2] - shown[0]]], fmt=marker, color=color,
-                markersize=5, capsize=2, elinewidth=1, label=f"ours, {name}, 95% CI" if y == 0 else None,
+                markersize=5, capsize=2, elinewidth=1, label=f"ours, {name}, 95% CI" if i == 0 else None,
             )  # fmt: skip
-            cut = shown != [value, low, high]
             verdict = table[row].verdict
-            left.annotate(
-                f"{'« ' if cut and value < 0 else ''}{value:+.1f}%{' »' if cut and value >= 0 else ''} {verdict}",
-                (shown[2] if value >= 0 else shown[1], y + offset), xytext=(4 if value >= 0 else -4, 0),
-                textcoords="offset points", ha="left" if value >= 0 else "right", va="center", fontsize=6.5,
-                color=VERDICT_COLORS.get(verdict, "black"),
-            )  # fmt: skip
-    for y, value in zip(places, paper):
-        if value is not None:
-            left.plot(clip(value), y + 0.22, "D", color="tab:gray", markersize=5, label="paper" if y == 0 else None)
+            text = f"{value:+.1f}% {verdict}"
+            if shown != [value, low, high]:  # cut: the whole interval written, « » on the side beyond it
+                cut_low, cut_high = low < -limit, high > limit
+                text = f"{'« ' * cut_low}{value:+.1f}% [{low:+.1f}%, {high:+.1f}%]{' »' * cut_high} {verdict}"
+            point_label(left, text, shown[0], shown[1], shown[2], y + offset, VERDICT_COLORS.get(verdict, "black"))
+    known = [(y, value) for y, value in zip(places, paper) if value is not None]
+    for i, (y, value) in enumerate(known):
+        left.plot(clip(value), y + 0.22, "D", color="tab:gray", markersize=5, label="paper" if i == 0 else None)
     left.axvline(0, color="black", linewidth=0.8)
-    left.margins(x=0.25)
-    cut_note = "" if limit is None else f"\nmarks beyond ±{limit:.3g}% drawn there (« »: their values are written)"
+    left.margins(x=0.3)
+    cut_note = "" if limit is None else f"\nmarks and intervals beyond ±{limit:.3g}% drawn to it, their values written"
     left.set_xlabel(f"Δ dev PPL vs base, % of base (exp(Δ log PPL) - 1){cut_note}")
     left.set_title("each table's change versus base; the verdict under its plan", fontsize=10)
     for y, row in zip(places, rows):
         c = moved[row]
-        low, high = c.interval()
-        value, lo, hi = (100 * math.expm1(v) for v in (c.estimate, low, high))
+        value, lo, hi = (100 * math.expm1(v) for v in (c.estimate, *c.interval()))
         color = "black" if c.p() < 0.05 else "0.55"
         right.errorbar(value, y, xerr=[[value - lo], [hi - value]], fmt="o", color=color, markersize=5, capsize=2)
-        right.annotate(
-            f"{value:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]", (hi if value >= 0 else lo, y),
-            xytext=(4 if value >= 0 else -4, 0), textcoords="offset points",
-            ha="left" if value >= 0 else "right", va="center", fontsize=6.5,
+        right.annotate(  # above the mark: a label beside a long interval would leave the axes
+            f"{value:+.1f}% [{lo:+.1f}%, {hi:+.1f}%]", (value, y), xytext=(0, 5), textcoords="offset points",
+            ha="center", va="bottom", fontsize=6.5,
         )  # fmt: skip
     right.axvline(0, color="black", linewidth=0.8)
-    right.margins(x=0.45)
-    right.set_xlabel(f"interaction, %: exp(Δ log PPL in {name_b} - in {name_a}) - 1")
+    right.margins(x=0.2)
+    right.set_xlabel(f"interaction, %\nexp(Δ log PPL in {name_b} - in {name_a}) - 1")
     right.set_title("the change with the regime, 95% CI (black: excludes 0)", fontsize=10)
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
     left.set_yticks(places, rows)
-    left.invert_yaxis()
+    left.set_ylim(len(rows) - 0.5, -0.7)  # top to bottom, room above the first row's labels
     height = fig.get_size_inches()[1]
     handles, labels = left.get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith("ours"), i))  # ours first
@@ -452,3 +449,12 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     fig.suptitle(f"Table 3 in two regimes: {name_a} and {name_b}, dev perplexity")
     fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     return png.save(fig, path)
+
+
+def point_label(ax, text: str, value: float, low: float, high: float, y: float, color: str) -> None:
+    """`text` beside a mark and its interval, on the side away from 0."""
+    ahead = value >= 0
+    ax.annotate(
+        text, (high if ahead else low, y), xytext=(4 if ahead else -4, 0), textcoords="offset points",
+        ha="left" if ahead else "right", va="center", fontsize=6.5, color=color,
+    )  # fmt: skip
