@@ -302,6 +302,18 @@ def test_the_regime_records_name_their_data_and_environment(folder):
     assert env["platforms"] == ["cpu"] and all(env[name] for name in ("python", "jax", "jaxlib", "flax", "numpy"))
 
 
+def test_the_earlier_tables_name_their_data_and_say_the_versions_were_not_recorded():
+    """The mini and 6,000-pair records were collected before headers named data and environment:
+    completed afterwards, each entry says so; the 6,000-pair table read the regime table's files."""
+    regime = records.read(str(RESULTS / "table3-regime" / "records.jsonl.gz"))["header"]["data"]
+    for folder in ("table3-mini", "table3-multi30k"):
+        header = records.read(str(RESULTS / folder / "records.jsonl.gz"))["header"]
+        assert "after collection" in header["data"]["note"] and header["environment"]["platforms"] == ["cpu"]
+        assert "not recorded" in header["environment"]["note"] and "jax" not in header["environment"]
+    data = records.read(str(RESULTS / "table3-multi30k" / "records.jsonl.gz"))["header"]["data"]
+    assert data["source"] == regime["source"] and data["sha256"] == regime["sha256"]
+
+
 def test_the_cpu_is_named_with_its_widest_vector_extension():
     amd = "processor\t: 0\nmodel name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
     assert versions.cpu(amd) == "AMD EPYC 7B13 64-Core Processor, avx2"
