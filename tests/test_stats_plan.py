@@ -302,6 +302,21 @@ def test_the_regime_records_name_their_data_and_environment(folder):
     assert env["platforms"] == ["cpu"] and all(env[name] for name in ("python", "jax", "jaxlib", "flax", "numpy"))
 
 
+@pytest.mark.parametrize("folder", ["table3-regime", "table3-regime/pilot"])
+def test_every_finished_regime_run_trained_the_one_budget_to_its_end(folder):
+    """The records, not only the configs: each finished run of the regime table stopped at its
+    row's budget (5,300 steps, big 15,900) at 2,048 tokens per batch, its dev curve to that step."""
+    doc = records.read(str(RESULTS / folder / "records.jsonl.gz"))
+    done = [rep for rep in doc["replicates"] if rep["state"] == "finished"]
+    assert len(done) >= 4
+    for rep in done:
+        budget = 15_900 if rep["row"] == "big" else 5300
+        assert rep["step"] == rep["config"]["num_train_steps"] == budget, rep["name"]
+        assert rep["config"]["data"]["tokens_per_batch"] == 2048, rep["name"]
+        assert max(p["step"] for p in rep["curve"] if "dev_ppl" in p) == budget, rep["name"]
+        assert rep["evals"]["validation"]["checkpoint_steps"] == [budget], rep["name"]
+
+
 def test_the_earlier_tables_name_their_data_and_say_the_versions_were_not_recorded():
     """The mini and 6,000-pair records were collected before headers named data and environment:
     completed afterwards, each entry says so; the 6,000-pair table read the regime table's files."""
