@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RESULTS = sorted((REPO / "experiments" / "results").glob("*/README.md"))  # links only: they keep old commands
@@ -296,14 +298,48 @@ def quoted_estimates(text: str, printed: str) -> list[str]:
     return [found for found in ESTIMATE.findall(text) if found not in known]
 
 
+COMMIT = re.compile(r"(?<![\w/.-])([0-9a-f]{7,12})(?![\w/-])")  # a commit a page names: "(5f4157f)"
+
+
+def git(*args: str, stdin: str | None = None) -> str | None:
+    done = subprocess.run(["git", "-C", str(REPO), *args], input=stdin, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def pages_at(commits: list[str]) -> str:
+    """The text of every generated page of experiments/results at each of `commits` (none without
+    git, or for a name that is no commit)."""
+    wanted = []
+    for commit in commits:
+        files = git("ls-tree", "-r", "--name-only", f"{commit}^{{commit}}", "--", "experiments/results") or ""
+        wanted += [f"{commit}:{path}\n" for path in files.splitlines() if path.rpartition("/")[2] in GENERATED]
+    return (git("cat-file", "--batch", stdin="".join(wanted)) or "") if wanted else ""
+
+
+def generated_pages(commits: list[str]) -> str:
+    """The generated pages of experiments/results in the checkout, and at each of `commits` (a page
+    may quote a sweep as it stood at a commit it names)."""
+    results = REPO / "experiments" / "results"
+    return "".join(p.read_text() for name in GENERATED for p in sorted(results.glob(f"**/{name}"))) + pages_at(commits)
+
+
 def test_every_estimate_the_pages_quote_is_one_the_results_print():
     """An estimate with its 95% CI in the README or docs is copied by hand from the pages that
-    experiments.analysis and experiments.regime generate from the records: it must be there,
-    digit for digit (a slip in the last digit is the usual one)."""
-    results = REPO / "experiments" / "results"
-    printed = "".join(p.read_text() for name in GENERATED for p in sorted(results.glob(f"**/{name}")))
-    missing = {page.name: found for page in PAGES if (found := quoted_estimates(page.read_text(), printed))}
+    experiments.analysis and experiments.regime generate from the records: it must be one they
+    print, digit for digit, now or at a commit the page names ("24 of 33 runs (5f4157f)": a sweep
+    as it stood then), so that neither a slip nor a figure left behind by later runs passes."""
+    if (git("rev-parse", "--is-shallow-repository") or "true").strip() != "false":
+        pytest.skip("needs the checkout's history (git, not a shallow clone): pages quote sweeps at named commits")
+    missing = {}
+    for page in PAGES:
+        text = page.read_text()
+        if found := quoted_estimates(text, generated_pages(sorted(set(COMMIT.findall(text))))):
+            missing[page.name] = found
     assert missing == {}, f"not in any generated page ({', '.join(GENERATED)}) of experiments/results: {missing}"
     page = "| A1 | -9.7% | [-11.4%, -7.9%] |\n| C1 | +19.5% [+17.7%, +21.4%] |\n| +0.73 [-0.26, +1.73] |"
     quoted = "A1 -9.7% [-11.4%, -7.9%], C1 +19.5% [+17.7%, +21.4%], +0.73 [-0.26, +1.73], D3 -6.3% [-7.7%, -4.8%]"
     assert quoted_estimates(quoted, page) == ["-6.3% [-7.7%, -4.8%]"]
+    if git("rev-parse", "--verify", "-q", "8c1c744^{commit}"):  # a checkout with its history
+        stale = "-6.3% [-7.7%, -4.8%]"  # D3 at 23 runs (8c1c744); at 24 (5f4157f) its lower end was -7.8%
+        assert quoted_estimates(stale, pages_at(["8c1c744"])) == []
+        assert quoted_estimates(stale, pages_at(["5f4157f"])) == [stale]
