@@ -18,13 +18,18 @@ def show(ctx: Context, runs) -> int:
     lines = ["| row | state | step | attempts | ETA | note |", "|---|---|---|---|---|---|"]
     counts: dict[str, int] = {}
     left = Left()
-    for rep in ctx.units(runs):
+    shown = ctx.units(runs)
+    names = {rep.name for rep in shown}
+    for rep in ctx.units(ctx.sweep.runs):  # the root's other finished runs: their times estimate the rest
+        if rep.name not in names and (row := ctx.read(rep)).state(ctx.options.lease_s) == RowStatus.FINISHED:
+            left.add(rep.run.name, RowStatus.FINISHED, row.wall_s, None, row.total_steps or row.step)
+    for rep in shown:
         row = ctx.read(rep)
         state = row.state(ctx.options.lease_s)
         counts[str(state)] = counts.get(str(state), 0) + 1
         total = row.total_steps or rep.resolved(ctx.extra)["num_train_steps"]
         eta = row.eta_s() if state == RowStatus.RUNNING else None
-        left.add(rep.run.name, state, row.wall_s, eta)
+        left.add(rep.run.name, state, row.wall_s, eta, total)
         note = row.holder(ctx.options.lease_s) or ""
         if state == RowStatus.FAILED and "last_status" in row.status:
             note = f"last exit status {row.status['last_status']}"
@@ -40,30 +45,38 @@ def show(ctx: Context, runs) -> int:
 
 class Left:
     """How long the unfinished runs of a sweep will take: a running one its own ETA; one not yet
-    running the median training time of its row's finished seeds, else of every finished run;
-    all of it shared by as many runs as run now (at least one)."""
+    running the median training time of its row's finished seeds, else the median of every finished
+    run of the root (those --only leaves out too) scaled by its step budget over theirs (big's
+    three times the steps: three times the time); all of it shared by as many runs as run now (at
+    least one)."""
 
     def __init__(self):
         self.walls: dict[str, list[float]] = {}
-        self.waiting: list[str] = []
+        self.budgets: list[int] = []  # the step budgets of the finished runs with a wall time
+        self.waiting: list[tuple[str, int]] = []  # (row, its step budget)
         self.etas: list[float] = []
 
-    def add(self, row: str, state: RowStatus, wall_s: float | None, eta_s: float | None) -> None:
+    def add(self, row: str, state: RowStatus, wall_s: float | None, eta_s: float | None, total: int) -> None:
         if state == RowStatus.FINISHED:
             if wall_s:
                 self.walls.setdefault(row, []).append(wall_s)
+                self.budgets.append(total)
         elif state == RowStatus.RUNNING:
             self.etas.append(eta_s or 0.0)
         elif state not in (RowStatus.SUBMITTED, RowStatus.TRAINED):  # queued elsewhere; evaluation alone left
-            self.waiting.append(row)
+            self.waiting.append((row, total))
 
     def seconds(self) -> float | None:
         """None before any run finished with a wall time (nothing to estimate by)."""
         every = [w for walls in self.walls.values() for w in walls]
         if not every or not (self.waiting or self.etas):
             return None
-        work = sum(statistics.median(self.walls.get(row) or every) for row in self.waiting) + sum(self.etas)
-        return work / max(1, len(self.etas))
+        typical, budget = statistics.median(every), statistics.median(self.budgets)
+        work = sum(
+            statistics.median(self.walls[row]) if row in self.walls else typical * total / budget
+            for row, total in self.waiting
+        )
+        return (work + sum(self.etas)) / max(1, len(self.etas))
 
     def sentence(self) -> str:
         seconds = self.seconds()
@@ -72,5 +85,6 @@ class Left:
         at = max(1, len(self.etas))
         return (
             f"; about {duration(seconds)} left, {at} at a time (runs not yet running: the median training time "
-            "of their row's finished seeds, else of every finished run; evaluation not counted)"
+            "of their row's finished seeds, else of every finished run scaled by their step budgets; evaluation "
+            "not counted)"
         )

@@ -27,8 +27,10 @@ from experiments import __main__ as experiments_main
 from experiments import cells, footer, records, report, runner, stats
 from experiments import figures as sweep_figures
 from experiments import rows as rows_module
+from experiments import status as status_module
 from experiments.context import Context, Replicate
 from experiments.rows import gather
+from experiments.rowstate import RowStatus
 from fxformer import exitcodes, optim, trainstate
 from fxformer.data import pipeline, token_ids
 from fxformer.model import Transformer, TransformerConfig
@@ -584,6 +586,24 @@ def test_status_says_how_long_the_unfinished_runs_will_take(tmp_path, capsys):
     assert experiments_main.main(args) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("8 finished, 3 pending, 1 stopped, 3 trained; about 16m40s left, 1 at a time"), last
+
+
+def test_the_time_left_counts_runs_outside_only_and_scales_by_the_step_budget(tmp_path, capsys):
+    """A run of a row with no finished seed takes the median of every finished run times its step
+    budget over theirs (big: three times the steps); the runs --only leaves out count."""
+    left = status_module.Left()
+    for row, wall in (("A1", 100.0), ("A1", 200.0), ("C1", 300.0)):
+        left.add(row, RowStatus.FINISHED, wall, None, 1000)
+    left.add("A1", RowStatus.PENDING, None, None, 1000)  # its row's median: 150 s
+    left.add("big", RowStatus.PENDING, None, None, 3000)  # the median of all, 200 s, x 3000 / 1000
+    assert left.seconds() == 150.0 + 600.0
+    left.add("C1", RowStatus.RUNNING, None, 50.0, 1000)  # now shared by the one running
+    assert left.seconds() == 800.0
+    root = tmp_path / "t3"
+    fake_mini_sweep(root)
+    assert experiments_main.main(["status", "table3", f"--root={root}", "--seeds=3", "--only=big"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("3 pending; about ") and "1 at a time" in last, last
 
 
 def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_ended():
