@@ -411,12 +411,13 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
                 shown[0], y + offset, xerr=[[shown[0] - shown[1]], [shown[2] - shown[0]]], fmt=marker, color=color,
                 markersize=5, capsize=2, elinewidth=1, label=f"ours, {name}, 95% CI" if i == 0 else None,
             )  # fmt: skip
-            verdict = table[row].verdict
+            verdict = table[row].verdict + (" (1 seed)" if table[row].n == 1 else "")  # its interval: the pooled sd
             text = f"{value:+.1f}% {verdict}"
             if shown != [value, low, high]:  # cut: the whole interval written, « » on the side beyond it
                 cut_low, cut_high = low < -limit, high > limit
                 text = f"{'« ' * cut_low}{value:+.1f}% [{low:+.1f}%, {high:+.1f}%]{' »' * cut_high} {verdict}"
-            point_label(left, text, shown[0], shown[1], shown[2], y + offset, VERDICT_COLORS.get(verdict, "black"))
+            ink = VERDICT_COLORS.get(table[row].verdict, "black")
+            point_label(left, text, shown[0], shown[1], shown[2], y + offset, ink)
     known = [(y, value) for y, value in zip(places, paper) if value is not None]
     for i, (y, value) in enumerate(known):
         left.plot(clip(value), y + 0.22, "D", color="tab:gray", markersize=5, label="paper" if i == 0 else None)
