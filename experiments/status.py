@@ -11,6 +11,7 @@ from experiments.cli import duration
 from experiments.context import Context
 from experiments.rowstate import RowStatus
 from fxformer import exitcodes
+from fxformer.errors import UserError
 
 
 def show(ctx: Context, runs) -> int:
@@ -20,16 +21,22 @@ def show(ctx: Context, runs) -> int:
     left = Left()
     shown = ctx.units(runs)
     names = {rep.name for rep in shown}
+    budget = lambda rep: rep.resolved(ctx.extra)["num_train_steps"]  # noqa: E731  # its cap, early stopping or not
     for rep in ctx.units(ctx.sweep.runs):  # the root's other finished runs: their times estimate the rest
-        if rep.name not in names and (row := ctx.read(rep)).state(ctx.options.lease_s) == RowStatus.FINISHED:
-            left.add(rep.run.name, RowStatus.FINISHED, row.wall_s, None, row.total_steps or row.step)
+        if rep.name not in names:
+            try:
+                row = ctx.read(rep)
+            except UserError:  # a damaged run outside the selection: not this command's to report
+                continue
+            if row.state(ctx.options.lease_s) == RowStatus.FINISHED:
+                left.add(rep.run.name, RowStatus.FINISHED, row.wall_s, None, budget(rep))
     for rep in shown:
         row = ctx.read(rep)
         state = row.state(ctx.options.lease_s)
         counts[str(state)] = counts.get(str(state), 0) + 1
-        total = row.total_steps or rep.resolved(ctx.extra)["num_train_steps"]
+        total = row.total_steps or budget(rep)
         eta = row.eta_s() if state == RowStatus.RUNNING else None
-        left.add(rep.run.name, state, row.wall_s, eta, total)
+        left.add(rep.run.name, state, row.wall_s, eta, budget(rep))
         note = row.holder(ctx.options.lease_s) or ""
         if state == RowStatus.FAILED and "last_status" in row.status:
             note = f"last exit status {row.status['last_status']}"
@@ -46,13 +53,13 @@ def show(ctx: Context, runs) -> int:
 class Left:
     """How long the unfinished runs of a sweep will take: a running one its own ETA; one not yet
     running the median training time of its row's finished seeds, else the median of every finished
-    run of the root (those --only leaves out too) scaled by its step budget over theirs (big's
-    three times the steps: three times the time); all of it shared by as many runs as run now (at
-    least one)."""
+    run of the root (those --only leaves out too) scaled by its step budget (the cap, where early
+    stopping may end a run sooner) over theirs: big's three times the steps, three times the time;
+    all of it shared by as many runs as run now (at least one)."""
 
     def __init__(self):
         self.walls: dict[str, list[float]] = {}
-        self.budgets: list[int] = []  # the step budgets of the finished runs with a wall time
+        self.budgets: list[int] = []  # the step budgets (caps) of the finished runs with a wall time
         self.waiting: list[tuple[str, int]] = []  # (row, its step budget)
         self.etas: list[float] = []
 

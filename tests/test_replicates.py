@@ -600,10 +600,15 @@ def test_the_time_left_counts_runs_outside_only_and_scales_by_the_step_budget(tm
     left.add("C1", RowStatus.RUNNING, None, 50.0, 1000)  # now shared by the one running
     assert left.seconds() == 800.0
     root = tmp_path / "t3"
-    fake_mini_sweep(root)
-    assert experiments_main.main(["status", "table3", f"--root={root}", "--seeds=3", "--only=big"]) == 0
-    last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("3 pending; about ") and "1 at a time" in last, last
+    fake_mini_sweep(root)  # finished runs of 1,000 steps; E and big have none: E's 1,000 steps, big's 3,000
+    left_of = {}
+    for row in ("E", "big"):
+        assert experiments_main.main(["status", "table3", f"--root={root}", "--seeds=3", f"--only={row}"]) == 0
+        last = capsys.readouterr().out.splitlines()[-1]
+        assert last.startswith("3 pending; about ") and "1 at a time" in last, last
+        minutes, seconds = re.search(r"about (?:(\d+)m)?(\d+)s left", last).groups()
+        left_of[row] = 60 * int(minutes or 0) + int(seconds)
+    assert left_of["E"] > 0 and abs(left_of["big"] - 3 * left_of["E"]) <= 3, left_of
 
 
 def test_a_rows_curve_is_the_mean_of_its_trained_seeds_up_to_where_the_first_ended():
