@@ -31,12 +31,12 @@ def show(ctx: Context, runs) -> int:
             if row.state(ctx.options.lease_s) == RowStatus.FINISHED:
                 left.add(rep.run.name, RowStatus.FINISHED, row.wall_s, None, budget(rep))
     for rep in shown:
-        row = ctx.read(rep)
+        row, cap = ctx.read(rep), budget(rep)
         state = row.state(ctx.options.lease_s)
         counts[str(state)] = counts.get(str(state), 0) + 1
-        total = row.total_steps or budget(rep)
+        total = row.total_steps or cap
         eta = row.eta_s() if state == RowStatus.RUNNING else None
-        left.add(rep.run.name, state, row.wall_s, eta, budget(rep))
+        left.add(rep.run.name, state, row.wall_s, eta, cap)
         note = row.holder(ctx.options.lease_s) or ""
         if state == RowStatus.FAILED and "last_status" in row.status:
             note = f"last exit status {row.status['last_status']}"

@@ -320,25 +320,20 @@ def pages_at(commits: list[str]) -> str:
     return (git("cat-file", "--batch", stdin="".join(wanted)) or "") if wanted else ""
 
 
-def generated_pages(commits: list[str]) -> str:
-    """The generated pages of experiments/results in the checkout, and at each of `commits` (a page
-    may quote a sweep as it stood at a commit it names)."""
-    results = REPO / "experiments" / "results"
-    return "".join(p.read_text() for name in GENERATED for p in sorted(results.glob(f"**/{name}"))) + pages_at(commits)
-
-
 def test_every_estimate_the_pages_quote_is_one_the_results_print():
     """An estimate with its 95% CI in the README or docs is copied by hand from the pages that
     experiments.analysis and experiments.regime generate from the records: it must be one they
     print, digit for digit, now or at a commit the page names ("24 of 33 runs (5f4157f)": a sweep
     as it stood then), so that neither a slip nor a figure left behind by later runs passes."""
-    page = "| A1 | -9.7% | [-11.4%, -7.9%] |\n| C1 | +19.5% [+17.7%, +21.4%] |\n| +0.73 [-0.26, +1.73] |"
+    made_up = "| A1 | -9.7% | [-11.4%, -7.9%] |\n| C1 | +19.5% [+17.7%, +21.4%] |\n| +0.73 [-0.26, +1.73] |"
     quoted = "A1 -9.7% [-11.4%, -7.9%], C1 +19.5% [+17.7%, +21.4%], +0.73 [-0.26, +1.73], D3 -6.3% [-7.7%, -4.8%]"
-    assert quoted_estimates(quoted, page) == ["-6.3% [-7.7%, -4.8%]"]
+    assert quoted_estimates(quoted, made_up) == ["-6.3% [-7.7%, -4.8%]"]
+    results = REPO / "experiments" / "results"
+    now = "".join(p.read_text() for name in GENERATED for p in sorted(results.glob(f"**/{name}")))  # the checkout's
     missing = {}
-    for page in PAGES:
+    for page in PAGES:  # each against the checkout's pages and those at the commits it names
         text = page.read_text()
-        if found := quoted_estimates(text, generated_pages(sorted(set(COMMIT.findall(text))))):
+        if found := quoted_estimates(text, now + pages_at(sorted(set(COMMIT.findall(text))))):
             missing[page.name] = found
     if missing and (git("rev-parse", "--is-shallow-repository") or "true").strip() != "false":
         pytest.skip(f"{missing} may be quoted at a commit this checkout lacks (no git, or a shallow clone)")

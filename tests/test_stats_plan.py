@@ -321,11 +321,13 @@ def test_the_earlier_tables_name_their_data_and_say_the_versions_were_not_record
     """The mini and 6,000-pair records were collected before headers named data and environment:
     completed afterwards, each entry says so; the 6,000-pair table read the regime table's files."""
     regime = records.read(str(RESULTS / "table3-regime" / "records.jsonl.gz"))["header"]["data"]
-    for folder in ("table3-mini", "table3-multi30k"):
-        header = records.read(str(RESULTS / folder / "records.jsonl.gz"))["header"]
+    headers = {
+        f: records.read(str(RESULTS / f / "records.jsonl.gz"))["header"] for f in ("table3-mini", "table3-multi30k")
+    }
+    for header in headers.values():
         assert "after collection" in header["data"]["note"] and header["environment"]["platforms"] == ["cpu"]
         assert "not recorded" in header["environment"]["note"] and "jax" not in header["environment"]
-    data = records.read(str(RESULTS / "table3-multi30k" / "records.jsonl.gz"))["header"]["data"]
+    data = headers["table3-multi30k"]["data"]
     assert data["source"] == regime["source"] and data["sha256"] == regime["sha256"]
 
 
