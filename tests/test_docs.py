@@ -342,3 +342,44 @@ def test_every_estimate_the_pages_quote_is_one_the_results_print():
         stale = "-6.3% [-7.7%, -4.8%]"  # D3 at 23 runs (8c1c744); at 24 (5f4157f) its lower end was -7.8%
         assert quoted_estimates(stale, pages_at(["8c1c744"])) == []
         assert quoted_estimates(stale, pages_at(["5f4157f"])) == [stale]
+
+
+TABLES = {  # how the README names each Table 3 sweep, and its folder of experiments/results
+    "the mini profile": "table3-mini",
+    "the 6,000-pair table": "table3-multi30k",
+    "this table": "table3-regime",
+}
+VERDICTS = ("agrees", "disagrees", "equivalent", "inconclusive")
+STATED = re.compile(r"(\d+)\s+/\s+(\d+)\s+/\s+(\d+)\s+/\s+(\d+)\s+of\s+(\d+)")  # "6 / 1 / 0 / 0 of 7"
+BOLD = re.compile(r"\*\*(\d+) agrees?, (\d+) disagrees?, (\d+) equivalent, (\d+) inconclusive\*\*")
+RESULTS_ROWS = {
+    "Table 3, mini profile": "table3-mini",
+    "Table 3 on real text": "table3-multi30k",
+    "Table 3 in the paper's regime": "table3-regime",
+}  # the README's Results table
+
+
+def counts_of(folder: str) -> tuple[int, ...]:
+    """A sweep's verdict counts under the plan (analysis.json, written by experiments.analysis), and
+    the number of rows they count."""
+    counts = json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())["counts"]
+    found = tuple(counts[verdict] for verdict in VERDICTS)
+    return (*found, sum(found))
+
+
+def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
+    """The README's counts of each Table 3 sweep (agree / disagree / equivalent / inconclusive of
+    the counted rows), in its Results table and in its Table 3 section, are typed by hand: each must
+    be the count that sweep's analysis.json holds, so that a table that moved is not left behind."""
+    text = (REPO / "README.md").read_text()
+    stated = text[text.index("Counts under the plan") :]
+    for name, folder in TABLES.items():
+        found = re.search(r"\s+".join([*map(re.escape, name.split()), STATED.pattern]), stated)
+        assert found, f"the README's Table 3 section states no counts for {name} ('a / b / c / d of n')"
+        assert tuple(map(int, found.groups())) == counts_of(folder), (name, found.group(0), counts_of(folder))
+    lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| Table 3")}
+    for start, folder in RESULTS_ROWS.items():
+        (line,) = [line for cell, line in lines.items() if cell.startswith(start)]
+        found = BOLD.search(line)
+        assert found, f"the Results row '{start}' states no '**a agree, b disagree, c equivalent, d inconclusive**'"
+        assert tuple(map(int, found.groups())) == counts_of(folder)[:4], (start, found.group(0), counts_of(folder))
