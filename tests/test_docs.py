@@ -383,3 +383,41 @@ def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
         found = BOLD.search(line)
         assert found, f"the Results row '{start}' states no '**a agree, b disagree, c equivalent, d inconclusive**'"
         assert tuple(map(int, found.groups())) == counts_of(folder)[:4], (start, found.group(0), counts_of(folder))
+
+
+ROW = r"(?:A\d|B\d|C\d|D\d|E|big)"
+ROWS_CELL = re.compile(rf"^({ROW}(?:, {ROW})*)(?::|$)")  # "C1: N=1", "C2, C4, C6: ...", "big"
+VERDICT_WORD = re.compile(r"\b(disagrees?|agrees?|equivalent|inconclusive|not counted|not run)\b")
+PLURAL = {"agree": "agrees", "disagree": "disagrees"}  # "C1, C4: agree"
+
+
+def claimed_verdicts(folder: str) -> dict[str, str]:
+    """Each row's verdict in a sweep's analysis.json: against its claim where the paper states one
+    (the claims table's verdict), else against the paper's direction; 'not run' without seeds."""
+    analysis = json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())
+    found = {r["row"]: r["verdict"] or ("not counted" if r["n"] else "not run") for r in analysis["rows"]}
+    for claim in analysis["claims"]:
+        found.update(claim["verdicts"])
+    return found
+
+
+def test_the_readme_claims_table_gives_each_tables_verdicts():
+    """The README's table of the paper's claims gives, for each row it names, the verdict of the
+    mini, the 6,000-pair and the regime table under their plans ('agree' for 'agrees' where a cell
+    names several rows): the words are typed by hand, the verdicts are analysis.json's."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Table 3 in the paper's regime") :]
+    section = section[: section.index("\n## ")]
+    tables = [claimed_verdicts(folder) for folder in TABLES.values()]
+    checked = set()
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) < 5 or not (named := ROWS_CELL.match(cells[1])):
+            continue
+        rows = named.group(1).split(", ")
+        for verdicts, cell in zip(tables, cells[2:5]):
+            words = [PLURAL.get(word, word) for word in VERDICT_WORD.findall(cell)]
+            expected = [verdicts[row] for row in rows]
+            assert words[: len(rows)] == expected or words == ["not run"] == sorted(set(expected)), (line, expected)
+        checked.update(rows)
+    assert checked >= {"A1", "A4", "B1", "B2", "C1", "C3", "C5", "C7", "big", "D1", "D2", "D3", "D4", "E"}, checked
