@@ -359,10 +359,15 @@ RESULTS_ROWS = {
 }  # the README's Results table
 
 
+@functools.cache
+def analysis_of(folder: str) -> dict:
+    """A sweep's result under its plan: analysis.json, written by experiments.analysis."""
+    return json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())
+
+
 def counts_of(folder: str) -> tuple[int, ...]:
-    """A sweep's verdict counts under the plan (analysis.json, written by experiments.analysis), and
-    the number of rows they count."""
-    counts = json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())["counts"]
+    """A sweep's verdict counts under the plan, and the number of rows they count."""
+    counts = analysis_of(folder)["counts"]
     found = tuple(counts[verdict] for verdict in VERDICTS)
     return (*found, sum(found))
 
@@ -376,13 +381,13 @@ def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
     for name, folder in TABLES.items():
         found = re.search(r"\s+".join([*map(re.escape, name.split()), STATED.pattern]), stated)
         assert found, f"the README's Table 3 section states no counts for {name} ('a / b / c / d of n')"
-        assert tuple(map(int, found.groups())) == counts_of(folder), (name, found.group(0), counts_of(folder))
+        assert tuple(map(int, found.groups())) == (counts := counts_of(folder)), (name, found.group(0), counts)
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| Table 3")}
     for start, folder in RESULTS_ROWS.items():
         (line,) = [line for cell, line in lines.items() if cell.startswith(start)]
         found = BOLD.search(line)
         assert found, f"the Results row '{start}' states no '**a agree, b disagree, c equivalent, d inconclusive**'"
-        assert tuple(map(int, found.groups())) == counts_of(folder)[:4], (start, found.group(0), counts_of(folder))
+        assert tuple(map(int, found.groups())) == (counts := counts_of(folder)[:4]), (start, found.group(0), counts)
 
 
 ROW = r"(?:A\d|B\d|C\d|D\d|E|big)"
@@ -394,7 +399,7 @@ PLURAL = {"agree": "agrees", "disagree": "disagrees"}  # "C1, C4: agree"
 def claimed_verdicts(folder: str) -> dict[str, str]:
     """Each row's verdict in a sweep's analysis.json: against its claim where the paper states one
     (the claims table's verdict), else against the paper's direction; 'not run' without seeds."""
-    analysis = json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())
+    analysis = analysis_of(folder)
     found = {r["row"]: r["verdict"] or ("not counted" if r["n"] else "not run") for r in analysis["rows"]}
     for claim in analysis["claims"]:
         found.update(claim["verdicts"])
@@ -420,7 +425,7 @@ def test_the_readme_claims_table_gives_each_tables_verdicts():
             expected = [verdicts[row] for row in rows]
             assert words[: len(rows)] == expected or words == ["not run"] == sorted(set(expected)), (line, expected)
         checked.update(rows)
-    regime = json.loads((REPO / "experiments" / "results" / TABLES["this table"] / "analysis.json").read_text())
+    regime = analysis_of(TABLES["this table"])
     wanted = {row for claim in regime["claims"] for row in claim["verdicts"]}  # every row a claim names,
     wanted |= {r["row"] for r in regime["rows"] if r["n"] and r["row"] != "base"}  # and every row the sweep ran
     assert checked >= wanted, f"rows the claims table leaves out: {sorted(wanted - checked)}"
