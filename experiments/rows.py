@@ -90,9 +90,12 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
         by_row.setdefault(rep["row"], []).append(rep)
     names = {run.name for run in runs} | {sweep.baseline}
     chosen = [run for run in sweep.runs if run.name in names]
-    # a row's config as its records hold it, resolved from the sweep only for a row without records: a
-    # records file rebuilds the table with no data files (a profile's config may need them to resolve)
-    configs = {run.name: recorded_config(by_row.get(run.name, [])) or run.resolved(ctx.extra) for run in chosen}
+    # a row's config as its records hold it; a row without records resolved from the sweep without its
+    # profile's data folder, so that a records file rebuilds the table on a machine with no data files
+    configs = {
+        run.name: recorded_config(by_row.get(run.name, [])) or run.without_folder(sweep.profile).resolved(ctx.extra)
+        for run in chosen
+    }
     rows = {
         run.name: record(sweep, run, by_row.get(run.name, []), configs[run.name], configs.get(sweep.baseline, {}))
         for run in chosen

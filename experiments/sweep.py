@@ -53,6 +53,12 @@ class Run:
         """fxformer.train's config flags for this run (the workdir is added by the runner)."""
         return [f"--config={self.config}", *(f"--config.{k}={v}" for k, v in self.overrides), *extra]
 
+    def without_folder(self, profile: str) -> Run:
+        """This run with its profile's data folder (`multi30k:<folder>`) left out of its config: what a
+        table reads of a row (its shape, steps and stopping rule), resolved with no data files present."""
+        name = profile_name(profile)
+        return self if name == profile else dataclasses.replace(self, config=self.config.replace(profile, name))
+
     def resolved(self, extra: tuple[str, ...] = ()) -> dict:
         """The config this run trains with, as the JSON fxformer.train writes to W/config.json."""
         spec, *rest = self.flags(extra)
