@@ -21,6 +21,9 @@ Profiles:
          the paper's about 0.35), every row trained for the same 5,300 steps (about 20 passes;
          big 15,900) at the paper's peak learning rate for its width, no early stopping, dev
          PPL every 250 steps (experiments/results/table3-regime/PLAN.md).
+  multi30k-full-lr2:<folder>  multi30k-full at twice the paper's peak learning rate for each row's
+         width, the 6,000-pair table's factor: the learning-rate arm of the regime comparison
+         (its PLAN.md, amendment of 2026-11-29; run for base, C5 and D2).
   multi30k:<folder>  real text (the Multi30k files under <folder>, as configs/multi30k.py
          takes them): the paper's base shape scaled as in mini (widths x 1/8, layers x 1/2,
          heads kept, the paper's dropout) with the Multi30k recipe's data, trained on its first
@@ -191,6 +194,13 @@ PROFILES = {
         multi30k.set_files,
         FULL_PEAK,
     ),  # fmt: skip
+    "multi30k-full-lr2": Profile(
+        MULTI30K_FULL_BASE,
+        {"width": 1 / 8, "layers": 1 / 2, "steps": FULL_STEPS / 100_000},
+        True,
+        multi30k.set_files,
+        2.0,
+    ),  # fmt: skip
     "smoke": Profile(SMOKE_BASE, {"width": 1 / 16, "layers": 1 / 6, "steps": 8 / 100_000}),
 }
 SCALED = {
@@ -294,18 +304,20 @@ CLAIMS = (
 # Seeds per row: the mini and 6,000-pair tables 5 of base, 3 a row; the full table Dunnett's
 # allocation for its 8 rows on the CPU, ceil(3 sqrt 8) = 9 of base (PLAN.md)
 REPLICATES = {"mini": {"base": 5, "*": 3}, "multi30k": {"base": 5, "*": 3}, "multi30k-full": {"base": 9, "*": 3}}
+REPLICATES["multi30k-full-lr2"] = {"*": 3}  # base, C5 and D2, 3 seeds each (the regime PLAN.md's amendment)
 
 # The analysis plan's settings per profile (experiments/analysis.py; experiments/results/table3-regime/PLAN.md)
 PLANS = {
     "mini": {"readout": "final"},
     "multi30k": {"readout": "final", "readouts": ["step:700"]},  # every run reached step 700
     "multi30k-full": {"readout": "final", "margin": 0.05},  # the margin: frozen after the noise pilot (PLAN.md)
+    "multi30k-full-lr2": {"readout": "final", "margin": 0.05},  # the regime table's (reported without verdicts)
 }
 DATA_SOURCES = {
     "mini": "the embedded corpus (fxformer/data), generated from its seed",
     "multi30k": "https://github.com/multi30k/dataset, data/task1/raw, commit a3d2e0d26b56f3846f66a952536ffed4e401d05a",
 }
-DATA_SOURCES["multi30k-full"] = DATA_SOURCES["multi30k"]
+DATA_SOURCES["multi30k-full"] = DATA_SOURCES["multi30k-full-lr2"] = DATA_SOURCES["multi30k"]
 
 
 def sweep(profile: str = "paper") -> dict:
