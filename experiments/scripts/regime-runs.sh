@@ -1,0 +1,57 @@
+#!/bin/bash
+# The regime table's runs after its PLAN.md amendment (experiments/results/table3-regime/PLAN.md):
+# a queue of (arm, row, seed) in the amendment's order, two runs side by side (one XLA thread each),
+# trained by a pinned checkout of the code so that later changes to the tree do not reach them.
+#   arm full: the rows, into ROOT (records: experiments/results/table3-regime/)
+#   arm lr2:  the learning-rate arm (profile multi30k-full-lr2), into ROOT-lr2 (records: .../lr2/)
+# Resumable: run it again. On a new machine the finished runs of the committed records are restored
+# first; a finished run is skipped, a stopped one resumes from its checkpoint. A run is started only
+# if it can end before DEADLINE (seconds since the epoch), EST seconds being a run's length.
+# Usage: regime-runs.sh PINNED [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k] [DEADLINE=never] [EST=3600]
+#   git worktree add --detach /tmp/pin <commit>; ln -s "$PWD/.venv" /tmp/pin/.venv
+#   setsid nohup experiments/scripts/regime-runs.sh /tmp/pin /tmp/t3full/root /tmp/m30k $(date -d '+2 hours' +%s) &
+set -u
+PIN=$(cd "$1" && pwd); ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}; DEADLINE=${4:-0}; EST=${5:-3600}
+RESULTS=$(cd "$(dirname "$0")/../results/table3-regime" && pwd)
+QUEUE=(
+  "full A1 0" "full A1 1" "full A1 2" "full base 9" "full A2 0" "full A2 1" "full A2 2"
+  "full A3 0" "full A3 1" "full A3 2" "full base 10" "full E 0" "full E 1" "full E 2"
+  "lr2 base 0" "lr2 base 1" "lr2 base 2" "lr2 C5 0" "lr2 C5 1" "lr2 C5 2" "lr2 D2 0" "lr2 D2 1" "lr2 D2 2"
+  "full B1 0" "full B1 1" "full B1 2" "full base 11" "full B2 0" "full B2 1" "full B2 2"
+  "full A4 0" "full A4 1" "full A4 2" "full D4 0" "full D4 1" "full D4 2" "full base 12"
+  "full C2 0" "full C2 1" "full C2 2" "full C4 0" "full C4 1" "full C4 2" "full base 13"
+  "full C6 0" "full C6 1" "full C6 2"
+)
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"  # one thread a run, as the 30 runs
+cd "$PIN" || exit 1
+arm() {  # arm -> "root profile records"
+  case $1 in
+    full) echo "$ROOT multi30k-full:$DATA $RESULTS/records.jsonl.gz" ;;
+    lr2) echo "$ROOT-lr2 multi30k-full-lr2:$DATA $RESULTS/lr2/records.jsonl.gz" ;;
+  esac
+}
+forget_seeds() {  # the root remembers the last --seeds; collect must see the sweep's own counts
+  [ -e "$1/sweep-root.json" ] && .venv/bin/python -c "
+import json, sys; p = sys.argv[1]; r = json.load(open(p)); r.pop('seeds', None); json.dump(r, open(p, 'w'), indent=2)" "$1/sweep-root.json"
+}
+for a in full lr2; do  # a new machine: the finished runs of the committed records, not trained again
+  read -r root profile records <<< "$(arm $a)"
+  [ -e "$records" ] && .venv/bin/python -m experiments restore table3 --from_records="$records" --root="$root" --seeds=14
+  forget_seeds "$root"
+done
+exec 9> "$ROOT.queue.lock"; NEXT="$ROOT.queue.next"; echo 0 > "$NEXT"
+worker() {
+  while true; do
+    flock 9; i=$(cat "$NEXT"); echo $((i + 1)) > "$NEXT"; flock -u 9
+    [ "$i" -lt ${#QUEUE[@]} ] || return 0
+    read -r a row seed <<< "${QUEUE[$i]}"; read -r root profile _ <<< "$(arm "$a")"
+    if [ "$DEADLINE" != 0 ] && [ $(( $(date +%s) + EST )) -gt "$DEADLINE" ]; then
+      echo "$(date -u +%H:%M) worker $1: $a $row seed $seed not started: it would end after the deadline"; return 0
+    fi
+    echo "$(date -u +%H:%M) worker $1: $a $row seed $seed"
+    .venv/bin/python -m experiments run table3 --root="$root" --profile="$profile" --only="$row" --seeds=$((seed + 1)) --parallel=1
+    echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: exited $?"
+    flock 9; forget_seeds "$root"; flock -u 9
+  done
+}
+worker 1 & sleep 90; worker 2 & wait

@@ -1,0 +1,91 @@
+"""The regime table's pre-registration holds in git: PLAN.md since its freeze only gained appended
+sections (one clarification inside a frozen section, named here), and every run the table took in
+after its amendment was trained by code that descends from the amendment's commit. Both read the
+checkout's history; a clone without it (no git, or shallow) skips them."""
+
+import gzip
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDER = "experiments/results/table3-regime"
+PLAN = f"{FOLDER}/PLAN.md"
+FROZEN = "7608aee"  # PLAN.md frozen after the noise pilot, before the sweep's first run
+AMENDED = "557530f"  # the amendment (every row, base's seeds, big alone, the learning-rate arm)
+# The one edit inside a frozen section since the freeze: a parenthesis of "The pilot" given the
+# commits it spoke of (81106ad); its meaning unchanged.
+CLARIFIED = (
+    "  plan had a pilot of the learning rate's factor; it was dropped before any run, for the\n"
+    "  paper's factor.)\n",
+    "  plan, c0a52c5, had a pilot of the learning rate's factor; 31b27a2 dropped it for the paper's\n"
+    "  factor one minute later, before any run: the noise pilot, the first run, is of 6d7711f.)\n",
+)
+RECORDS = (f"{FOLDER}/records.jsonl.gz", f"{FOLDER}/lr2/records.jsonl.gz")
+
+
+def git(*args: str) -> bytes | None:
+    """git's output in the checkout; None where git is missing or refuses (a shallow clone)."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True)
+    except FileNotFoundError:
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def at(commit: str, path: str) -> bytes:
+    """A file as it was at `commit`; skips where the checkout lacks that commit."""
+    content = git("show", f"{commit}:{path}")
+    if content is None:
+        pytest.skip(f"{commit} is not in this checkout (no git, or a shallow clone)")
+    return content
+
+
+def appended_only(before: str, after: str) -> bool:
+    """`after` is `before` with text added at its end, after a line break."""
+    return after.startswith(before) and (after == before or before.endswith("\n"))
+
+
+def test_the_plan_only_gained_appended_sections_since_its_freeze():
+    frozen = at(FROZEN, PLAN).decode().replace(*CLARIFIED)
+    now = (REPO / PLAN).read_text()
+    assert appended_only(frozen, now), "a frozen section of PLAN.md changed: append an erratum instead"
+    assert appended_only(at(AMENDED, PLAN).decode(), now), "PLAN.md changed above its amendment"
+
+
+def test_a_plan_edited_in_place_fails_the_check():
+    now = (REPO / PLAN).read_text()
+    frozen = at(FROZEN, PLAN).decode().replace(*CLARIFIED)
+    assert not appended_only(frozen, now.replace("5,300 steps", "5,400 steps", 1))
+    assert not appended_only(frozen, now.replace("## The regime", "## The regime ", 1))
+
+
+def runs(content: bytes) -> dict[tuple[str, int], str]:
+    """(row, seed) -> the commit of each finished run in a records file's content."""
+    lines = gzip.open(io.BytesIO(content), "rt").read().splitlines()[1:]
+    return {(r["row"], r["seed"]): r["commit"] for r in map(json.loads, lines) if r["state"] == "finished"}
+
+
+def descends(commit: str, ancestor: str) -> bool:
+    return git("merge-base", "--is-ancestor", ancestor, commit) is not None
+
+
+def test_every_run_since_the_amendment_was_trained_by_code_that_descends_from_it():
+    before = runs(at(AMENDED, RECORDS[0]))  # the 30 runs the amendment saw
+    assert len(before) == 30
+    new = {}
+    for path in RECORDS:
+        if (REPO / path).exists():
+            found = runs((REPO / path).read_bytes())
+            assert all(found[key] == commit for key, commit in before.items() if path == RECORDS[0])
+            new |= {(path, *key): commit for key, commit in found.items() if path != RECORDS[0] or key not in before}
+    late = {key: commit for key, commit in new.items() if not descends(commit, AMENDED)}
+    assert not late, f"runs trained by code older than the amendment {AMENDED}: {late}"
+
+
+def test_the_ancestry_check_refuses_a_run_of_older_code():
+    old = runs(at(AMENDED, RECORDS[0]))[("base", 0)]  # the noise pilot's commit, before the amendment
+    assert descends(AMENDED, old) and not descends(old, AMENDED)
