@@ -26,7 +26,7 @@ import sys
 
 import jax
 
-from fxformer import cli, inference, inferflags, paths
+from fxformer import api, cli, inferflags, paths
 from fxformer.errors import UserError
 
 
@@ -42,20 +42,13 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
     return "".join(text + "\n" for text in out)
 
 
-def translated_lines(
-    args, workdir: paths.Workdir, lines: list[str]
-) -> tuple[inference.Restored, dict[int, list[tuple[str, float]]]]:
-    """The run restored, and the translations of the non-blank `lines` by their numbers."""
+def translated_lines(args, workdir: paths.Workdir, lines: list[str]) -> tuple[api.TrainedRun, dict[int, list]]:
+    """The run loaded (`fxformer.load`), and the translations of the non-blank `lines` by their numbers."""
     log = cli.log_to_stderr
-    run = inference.restore(workdir, args.step, args.average_last, args.overrides, log)
+    run = api.load(workdir, args.step, args.average_last, args.overrides, log)
     log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
-    todo = [i for i, line in enumerate(lines) if line.strip()]  # blank lines stay blank, untranslated
-    if not todo:
-        return run, {}
-    found = inference.translate_sources(
-        run, [lines[i] for i in todo], batch_size=args.batch_size, what="translate", log=log
-    )
-    return run, dict(zip(todo, found))
+    found = run.nbest(lines, batch_size=args.batch_size, log=log, what="translate")
+    return run, {i: translations for i, translations in enumerate(found) if translations}
 
 
 def main() -> None:

@@ -1,0 +1,178 @@
+"""A trained run in Python: the one way to load a checkpoint for evaluation, in a notebook or a
+script, and the path the commands `translate`, `evaluate` and `attention_maps` take too.
+
+    import fxformer
+    run = fxformer.load("runs/default")                # step="best" | "latest" | 600, average_last=5
+    run.translate(["The old teacher has helped the boy."])   # ['Der alte Lehrer hat dem Jungen geholfen.']
+    run.translate(sentences, beam_size=8, alpha=1.0)   # any field of the decode section
+    run.score(sources, targets)      # per sentence: summed log-probability and its token count
+    run.attention("The dog sleeps.")  # every attention weight, as the attention figures draw them
+    run.evaluate("test")              # perplexity, BLEU, chrF: what `fxformer.evaluate` prints
+
+`fxformer.load` takes a path, an `os.PathLike` or a `gs://` URL; only the parameters are read (never
+the optimizer state), onto the devices at hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fxformer import attention_maps, cli, configfile, inference, parallel, paths
+from fxformer import evaluate as evaluation
+from fxformer.data import pipeline
+from fxformer.errors import UserError
+from fxformer.tokens import PAD_ID
+
+
+def quiet(*_args, **_kwargs) -> None:
+    """The API's log: silent (the commands pass their own, which print progress)."""
+
+
+class Score(NamedTuple):
+    """A target sentence's summed log-probability given its source (teacher-forced, dropout off,
+    no label smoothing) over its `tokens` wordpieces, the end of sentence included."""
+
+    log_prob: float
+    tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """A workdir's checkpoint(s), restored: `config`, `tokenizer`, `params`, `steps` (the
+    checkpoint steps averaged into `params`), and what can be done with them."""
+
+    workdir: paths.Workdir
+    restored: inference.Restored
+    step: int | str
+
+    @property
+    def config(self):
+        return self.restored.config
+
+    @property
+    def tokenizer(self):
+        return self.restored.tokenizer
+
+    @property
+    def params(self):
+        return self.restored.params
+
+    @property
+    def steps(self) -> list[int]:
+        return self.restored.steps
+
+    def with_decode(self, **options) -> TrainedRun:
+        """This run searching with other decode fields (`beam_size=8`, `strategy="sample"`, ...)."""
+        if not options:
+            return self
+        pairs = [(f"decode.{key}", str(value)) for key, value in options.items()]
+        config = configfile.apply_decode_overrides(self.config.copy_and_resolve_references(), pairs, self.workdir)
+        return dataclasses.replace(self, restored=dataclasses.replace(self.restored, config=config))
+
+    @property
+    def decode(self):
+        """The search's options (`DecodeOptions`): the run's decode section, with any overrides."""
+        return self.restored.decode
+
+    def nbest(
+        self, sentences: list[str], *, batch_size: int = 0, log=quiet, what: str | None = None, **decode
+    ) -> list[list[tuple[str, float]]]:
+        """Each sentence's translations with their scores, best first (`decode.nbest` of them; a
+        blank sentence gets none): log p / lp(|Y|) for beam search, log p for sampling. `what`:
+        progress on stderr under that name (None: quiet); `batch_size` 0: the config's."""
+        run = self.with_decode(**decode).restored
+        todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # blank stays blank
+        if not todo:
+            return [[] for _ in sentences]
+        found = inference.translate_sources(
+            run, [sentences[i] for i in todo], batch_size=batch_size, what=what, log=log
+        )
+        out: list[list[tuple[str, float]]] = [[] for _ in sentences]
+        for i, translations in zip(todo, found):
+            out[i] = translations
+        return out
+
+    def translate(self, sentences: str | list[str], **decode) -> str | list[str]:
+        """The best translation of each sentence ("" for a blank one), searched as the run's decode
+        section says with `decode`'s fields changed; a single string gives a single string."""
+        one = isinstance(sentences, str)
+        found = self.nbest([sentences] if one else list(sentences), **decode)
+        best = [translations[0][0] if translations else "" for translations in found]
+        return best[0] if one else best
+
+    def score(self, sources: list[str], targets: list[str]) -> list[Score]:
+        """Each target's summed log-probability given its source and its token count, as the
+        perplexity `evaluate` reports counts them: exp(-sum of log_prob / sum of tokens) over a
+        split is its perplexity."""
+        if len(sources) != len(targets):
+            raise UserError(f"score takes one target per source: {len(sources)} sources, {len(targets)} targets.")
+        tokenizer, model = self.tokenizer, self.restored.model
+        examples = [{"inputs": tokenizer.encode(s), "targets": tokenizer.encode(t)} for s, t in zip(sources, targets)]
+        length = pipeline.eval_length(examples, model.config.max_len)
+        sums = sentence_log_probs(model)
+        out: list[Score | None] = [None] * len(examples)
+        batch_size = parallel.round_to_devices(self.config.data.eval_batch_size)
+        for batch in pipeline.eval_batches(examples, batch_size, length):
+            log_probs, tokens = jax.device_get(sums(self.params, batch["inputs"], batch["targets"]))
+            for j, lp, n in zip(batch["index"], log_probs, tokens):
+                if j >= 0:
+                    out[j] = Score(float(lp), int(n))
+        return out
+
+    def attention(self, source: str, target: str | None = None) -> attention_maps.Weights:
+        """Every attention weight on (source, target), teacher-forced with dropout off; without a
+        target, on the run's own translation. `w.cross`, `w.encoder`, `w.decoder`: [layers, heads,
+        queries, keys]; `w.axes(kind)` the wordpieces that label them."""
+        return attention_maps.pair_weights(self.restored, source, target, log=quiet)
+
+    def evaluate(self, split: str = "test", limit: int = 0, **decode) -> dict:
+        """Perplexity per wordpiece, sacreBLEU (cased and lowercased) and chrF on `split` (its first
+        `limit` sentences if > 0), as `fxformer.evaluate` prints them; the results and translations
+        are written to W/eval/ as the command writes them, their path under "path"."""
+        run = self.with_decode(**decode)
+        if jax.process_index() == 0:
+            paths.check_writable(self.workdir.eval, "evaluation writes its results")
+        return evaluation.evaluate(self.workdir, split, self.step, limit=limit, log=quiet, restored=run.restored)
+
+
+def load(
+    workdir: str | os.PathLike | paths.Workdir,
+    step: int | Literal["latest", "best"] = "latest",
+    average_last: int | None = None,
+    overrides=(),
+    log=quiet,
+) -> TrainedRun:
+    """A training workdir's checkpoint restored for evaluation: `step` "latest" (the last saved),
+    "best" (the best dev metric seen in training) or a step number; `average_last` k averages the k
+    checkpoints ending at `step` (None: the config's for "latest", else 1). `overrides`: (key,
+    value) pairs of the decode section, as the commands' `--config.decode.*` flags. A workdir that
+    is no training run is refused in one sentence, as the commands refuse it."""
+    if isinstance(step, str) and step not in ("latest", "best"):
+        step = int(step) if step.isdigit() else step  # "600" as the commands' --step takes it
+    run = workdir if isinstance(workdir, paths.Workdir) else cli.workdir(os.fspath(workdir))
+    restored = inference.restore(run, step, average_last, overrides, log)
+    return TrainedRun(run, restored, step)
+
+
+@functools.lru_cache(maxsize=8)
+def sentence_log_probs(model):
+    """A jitted (params, inputs [b, l], targets [b, l]) -> (each row's summed target log-probability,
+    its target tokens): the model's log-softmax at each target, padding left out."""
+
+    def sums(params, inputs, targets):
+        logits = model.apply({"params": params}, inputs, targets, deterministic=True)
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        weights = (targets != PAD_ID).astype(jnp.float32)
+        return (picked * weights).sum(-1), weights.sum(-1)
+
+    return jax.jit(sums)
+
+
+__all__ = ["Score", "TrainedRun", "load"]
