@@ -19,8 +19,7 @@ AMENDED = "557530f"  # the amendment (every row, base's seeds, big alone, the le
 # The one edit inside a frozen section since the freeze: a parenthesis of "The pilot" given the
 # commits it spoke of (81106ad); its meaning unchanged.
 CLARIFIED = (
-    "  plan had a pilot of the learning rate's factor; it was dropped before any run, for the\n"
-    "  paper's factor.)\n",
+    "  plan had a pilot of the learning rate's factor; it was dropped before any run, for the\n  paper's factor.)\n",
     "  plan, c0a52c5, had a pilot of the learning rate's factor; 31b27a2 dropped it for the paper's\n"
     "  factor one minute later, before any run: the noise pilot, the first run, is of 6d7711f.)\n",
 )
