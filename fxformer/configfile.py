@@ -28,7 +28,7 @@ def load_module(path: str):
     """The Python module of the config file at `path` (its siblings in configs/ importable)."""
     file = Path(path)
     if not file.is_file():
-        raise UserError(f"Config file '{path}' does not exist.")
+        raise UserError(f"Config file '{path}' does not exist{where_configs_live(path)}.")
     make_importable(file)
     module_spec = importlib.util.spec_from_file_location(f"_fxformer_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
@@ -37,6 +37,20 @@ def load_module(path: str):
     except Exception as e:  # noqa: BLE001 - a config file that does not even import
         raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
     return module
+
+
+def where_configs_live(path: str) -> str:
+    """For a config path that does not exist: where the configs are (they live in a checkout of
+    fxformer, beside the package; an installed package has none)."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if Path(path).is_absolute():
+        return ""
+    if checkout.is_dir():
+        return f" under {Path.cwd()}; the configs are in {checkout} (give --config={checkout / Path(path).name})"
+    return (
+        f" under {Path.cwd()}; the configs (configs/default.py, configs/base.py, ...) are files of a checkout "
+        "of fxformer, not of the installed package: give the path to one in a checkout"
+    )
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:

@@ -2,6 +2,7 @@
 
     python -m fxformer.params --table3
     python -m fxformer.params --config=configs/big.py
+    fxformer-params --table3=/path/to/fxformer/configs/table3.py   # installed: the checkout's rows
 
 Counts use a shared vocabulary of `--vocab_size` tokens (default: the config's
 data.vocab_size; 37,000, the paper's WMT14 BPE, for --table3) and abstract evaluation
@@ -36,7 +37,7 @@ def millions(count: int) -> str:
     return f"{count / 1e6:.3g}M" if count < 10_000_000 else f"{count / 1e6:.1f}M"
 
 
-TABLE3 = str(Path(__file__).resolve().parent.parent / "configs" / "table3.py")  # the rows, beside the package
+TABLE3 = str(Path(__file__).resolve().parent.parent / "configs" / "table3.py")  # the rows, in a checkout
 
 
 def table3(vocab_size: int = PAPER_VOCAB_SIZE, rows_file: str = TABLE3) -> str:
@@ -74,13 +75,26 @@ def table3(vocab_size: int = PAPER_VOCAB_SIZE, rows_file: str = TABLE3) -> str:
 
 def main() -> None:
     p = cli.parser(__doc__, "fxformer.params")
-    p.add_argument("--table3", action="store_true", help="print every Table 3 row against the paper")
+    p.add_argument(
+        "--table3",
+        nargs="?",
+        const=TABLE3,
+        default="",
+        metavar="ROWS_FILE",
+        help="print every Table 3 row against the paper; the rows are configs/table3.py of the checkout "
+        "(installed: give --table3=/path/to/fxformer/configs/table3.py)",
+    )
     p.add_argument("--vocab_size", type=int, default=0, help="shared vocabulary size (default: the config's)")
     args, config = cli.parse(p)
     if args.vocab_size < 0:
         raise UserError(f"--vocab_size must be positive, not {args.vocab_size}.")
     if args.table3:
-        print(table3(args.vocab_size or PAPER_VOCAB_SIZE))
+        if not Path(args.table3).is_file():
+            raise UserError(
+                f"--table3 reads the rows from a checkout's configs/table3.py, and {args.table3} does not exist "
+                "(an installed package holds no configs): give --table3=/path/to/fxformer/configs/table3.py."
+            )
+        print(table3(args.vocab_size or PAPER_VOCAB_SIZE, args.table3))
     elif config is not None:
         validate(config, jax.default_backend())
         vocab_size = args.vocab_size or config.data.vocab_size

@@ -118,3 +118,57 @@ def test_the_distribution_holds_the_fxformer_package_alone():
 def test_docs_install_lists_every_console_command():
     listed = set(re.findall(r"^\| `(fxformer-[a-z-]+)` \|", (REPO / "docs" / "install.md").read_text(), re.M))
     assert listed == SCRIPTS.keys()
+
+
+def copied_env(tmp_path: Path) -> dict[str, str]:
+    """An environment whose sys.path holds a copy of the fxformer package alone, as `pip install .`
+    leaves it in site-packages: no checkout beside it (the symlinked one of `installed_env` resolves
+    back into the checkout)."""
+    import os
+    import shutil
+
+    site = tmp_path / "copied"
+    if not (site / "fxformer").exists():
+        shutil.copytree(REPO / "fxformer", site / "fxformer", ignore=shutil.ignore_patterns("__pycache__"))
+    return {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+
+
+def installed(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A console command of a copied (installed) package, run from `cwd` outside the checkout."""
+    module, _, attribute = SCRIPTS[name].partition(":")
+    script = f"import sys; sys.argv[0] = {name!r}; from {module} import {attribute}; sys.exit({attribute}())"
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=copied_env(cwd), capture_output=True, text=True
+    )
+
+
+def one_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    return errors[0]
+
+
+def test_installed_params_table3_names_the_checkouts_rows_file_or_prints_the_table(tmp_path):
+    refused = one_error(installed("fxformer-params", "--table3", cwd=tmp_path))
+    assert "--table3=/path/to/fxformer/configs/table3.py" in refused
+    table = installed("fxformer-params", f"--table3={REPO / 'configs' / 'table3.py'}", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr[-2000:]
+    rows = [line.split("|")[1].strip() for line in table.stdout.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["base", "A1", "A2", "A3", "A4", "B1", "B2", *(f"C{i}" for i in range(1, 8))] + [
+        "D1",
+        "D2",
+        "D3",
+        "D4",
+        "E",
+        "big",
+    ]
+
+
+def test_a_config_path_that_does_not_exist_says_where_configs_live(tmp_path):
+    installed_error = one_error(
+        installed("fxformer-train", "--config=configs/default.py", f"--workdir={tmp_path / 'w'}", cwd=tmp_path)
+    )
+    assert "files of a checkout of fxformer" in installed_error and str(tmp_path) in installed_error
+    in_checkout = one_error(console("fxformer-train", "--config=configs/default.py", "--workdir=w", cwd=tmp_path))
+    assert f"--config={REPO / 'configs' / 'default.py'}" in in_checkout
