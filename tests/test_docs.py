@@ -355,8 +355,17 @@ BOLD = re.compile(r"\*\*(\d+) agrees?, (\d+) disagrees?, (\d+) equivalent, (\d+)
 RESULTS_ROWS = {
     "Table 3, mini profile": "table3-mini",
     "Table 3 on real text": "table3-multi30k",
-    "Table 3 in the paper's regime": "table3-regime",
+    "Table 3 on all of Multi30k": "table3-regime",
 }  # the README's Results table
+REGIME_PAGE, REGIME_SECTION = REPO / "docs" / "table3.md", "### The paper's data ratio"  # the regime table's page
+
+
+def regime_section() -> str:
+    """docs/table3.md's section on the regime table (to its end or the next heading of its level)."""
+    text = REGIME_PAGE.read_text()
+    section = text[text.index(REGIME_SECTION) :]
+    ends = [i for i in (section.find("\n## ", 1), section.find("\n### ", 1)) if i > 0]
+    return section[: min(ends)] if ends else section
 
 
 @functools.cache
@@ -373,14 +382,15 @@ def counts_of(folder: str) -> tuple[int, ...]:
 
 
 def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
-    """The README's counts of each Table 3 sweep (agree / disagree / equivalent / inconclusive of
-    the counted rows), in its Results table and in its Table 3 section, are typed by hand: each must
-    be the count that sweep's analysis.json holds, so that a table that moved is not left behind."""
+    """The counts of each Table 3 sweep (agree / disagree / equivalent / inconclusive of the counted
+    rows), in the README's Results table and in docs/table3.md's regime section, are typed by hand:
+    each must be the count that sweep's analysis.json holds, so that a table that moved is not left behind."""
     text = (REPO / "README.md").read_text()
-    stated = text[text.index("Counts under the plan") :]
+    stated = regime_section()
+    stated = stated[stated.index("the tables' counts") :]
     for name, folder in TABLES.items():
         found = re.search(r"\s+".join([*map(re.escape, name.split()), STATED.pattern]), stated)
-        assert found, f"the README's Table 3 section states no counts for {name} ('a / b / c / d of n')"
+        assert found, f"docs/table3.md's regime section states no counts for {name} ('a / b / c / d of n')"
         assert tuple(map(int, found.groups())) == (counts := counts_of(folder)), (name, found.group(0), counts)
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| Table 3")}
     for start, folder in RESULTS_ROWS.items():
@@ -406,13 +416,11 @@ def claimed_verdicts(folder: str) -> dict[str, str]:
     return found
 
 
-def test_the_readme_claims_table_gives_each_tables_verdicts():
-    """The README's table of the paper's claims gives, for each row it names, the verdict of the
+def test_the_claims_table_gives_each_tables_verdicts():
+    """docs/table3.md's table of the paper's claims gives, for each row it names, the verdict of the
     mini, the 6,000-pair and the regime table under their plans ('agree' for 'agrees' where a cell
     names several rows): the words are typed by hand, the verdicts are analysis.json's."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Table 3 in the paper's regime") :]
-    section = section[: section.index("\n## ")]
+    section = regime_section()
     tables = [claimed_verdicts(folder) for folder in TABLES.values()]
     checked = set()
     for line in section.splitlines():
@@ -429,3 +437,17 @@ def test_the_readme_claims_table_gives_each_tables_verdicts():
     wanted = {row for claim in regime["claims"] for row in claim["verdicts"]}  # every row a claim names,
     wanted |= {r["row"] for r in regime["rows"] if r["n"] and r["row"] != "base"}  # and every row the sweep ran
     assert checked >= wanted, f"rows the claims table leaves out: {sorted(wanted - checked)}"
+
+
+WORKED_ON = re.compile(
+    r"the call\b|\bcalls? ran|carried|background time|compile budget|\bgoal\b|this CPU|stretch|\blande(d|r)\b", re.I
+)
+
+
+def test_the_pages_speak_of_the_software_not_of_how_the_repository_was_worked_on():
+    """A results page gives the commit, date, machine and wall time of what it reports; not calls,
+    carried files, stretches, landings or budgets. PLAN.md files are dated records, left as written."""
+    pages = [*PAGES, *(p for p in (REPO / "experiments" / "results").rglob("*.md") if p.name != "PLAN.md")]
+    found = [f"{p.relative_to(REPO)}: {m[0]}" for p in pages for m in WORKED_ON.finditer(p.read_text())]
+    assert found == []
+    assert [m[0] for m in WORKED_ON.finditer("4 more hours of this CPU; the lander stopped")] == ["this CPU", "lander"]
