@@ -99,15 +99,17 @@ def paper_direction(sweep, row: str, metric: str, log_sd: float) -> tuple[float 
     return math.log(ref / base), stats.reference_sign(ref - base, base, {"log_sd": log_sd})
 
 
-def judge(sweep, doc: dict, plan: Plan, welch_all: bool = False) -> list[Judged]:
+def judge(sweep, doc: dict, plan: Plan, welch_all: bool = False, seed_blocks: bool = False) -> list[Judged]:
     """Every row of the records under `plan` (a sensitivity: the plan with one setting replaced), or
-    with every row tested by Welch's test."""
+    with every row tested by Welch's test, or from the row + seed model (`stats.blocked`)."""
     margin, log_sd = math.log1p(plan.margin), plan.paper_log_sd
     values, diverged = log_values(doc, plan.split, plan.metric, plan.readout)
     base = sweep.baseline
     groups = {row: list(seeds.values()) for row, seeds in values.items()}
     if welch_all:
         found = {r: stats.welch(v, groups[base]) for r, v in groups.items() if r != base and len(v) > 1}
+    elif seed_blocks:
+        found = stats.blocked(values, base) if len(groups.get(base, ())) >= 2 else {}
     else:
         found = stats.contrasts(groups, base)
     rows = [run.name for run in sweep.runs if run.name in set(doc["header"]["rows"]) | {base}]
@@ -256,6 +258,13 @@ def intro(sweep, plan: Plan, pooled: Judged | None, welch_rows: list[str], count
     )
 
 
+def readout_verdicts(plan: Plan, judged: list[Judged], sensitivities: dict) -> dict[str, dict[str, str]]:
+    """{readout: {counted row: verdict}} at the plan's other readouts, then its own (last)."""
+    found = {r: sensitivities[f"readout {r}"] for r in plan.readouts}
+    found[plan.readout] = judged
+    return {r: {j.row: j.verdict for j in js if j.counted} for r, js in found.items()}
+
+
 def document(sweep, doc: dict) -> tuple[str, dict]:
     """(analysis.md, analysis.json's content) of a sweep's records under its plan."""
     plan = Plan.of(sweep)
@@ -275,6 +284,7 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
     changed |= {f"readout {readout}": {"readout": readout} for readout in plan.readouts}
     sensitivities = {label: judge(sweep, doc, dataclasses.replace(plan, **c)) for label, c in changed.items()}
     sensitivities["Welch for every row"] = judge(sweep, doc, plan, welch_all=True)
+    sensitivities["row + seed model (seed a fixed effect)"] = judge(sweep, doc, plan, seed_blocks=True)
     if test:
         sensitivities[f"{test_split} split"] = list(test.values())
     ties = sensitivities[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"]
@@ -298,6 +308,11 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         f"- the paper's own noise at sd {plan.paper_log_sd_sensitivity:g} nats makes these rows paper ties: "
         f"{', '.join(new_ties) or 'none'}",
     ]
+    by_readout = readout_verdicts(plan, judged, sensitivities)
+    if plan.readouts:
+        lines += ["", "Each counted row's verdict at each readout (the plan, its dev curve read at that step):", ""]
+        lines += ["| row | " + " | ".join(by_readout) + " |", "|---|" + "---|" * len(by_readout)]
+        lines += [f"| {j.row} | " + " | ".join(v.get(j.row, "") for v in by_readout.values()) + " |" for j in counted]
     if found_claims:
         how = (
             f"on {plan.split} {plan.metric.upper()}, the plan's outcome, also where the paper states the claim in BLEU"
@@ -319,5 +334,6 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
             for key, split in (("bleu", "dev"), ("test_bleu", "test"))
         },
         "claims": found_claims,
+        "readouts": by_readout,
     }
     return text, stats.rounded(data)

@@ -238,6 +238,31 @@ def pooled(groups: dict[str, list[float]], base: str) -> dict[str, Contrast]:
     }
 
 
+def blocked(values: dict[str, dict[int, float]], base: str) -> dict[str, Contrast]:
+    """Every row against `base` by ordinary least squares with the row and the seed as fixed effects
+    (an intercept for base's seed 0, an indicator per other row and per other seed; statsmodels):
+    seed s of every row shares its data order, and this model takes out what a seed does to all rows
+    alike. Residual variance pooled; degrees of freedom: values - rows - seeds + 1. Method 'blocked'."""
+    import numpy as np
+    import statsmodels.api as sm
+
+    others = [row for row in values if row != base]
+    seeds = sorted({seed for row in values.values() for seed in row})
+    y, x = [], []
+    for row in [base, *others]:
+        for seed, value in sorted(values[row].items()):
+            y.append(value)
+            x.append([1.0] + [float(row == r) for r in others] + [float(seed == s) for s in seeds[1:]])
+    if len(y) <= len(x[0]):
+        return {}
+    fit = sm.OLS(np.asarray(y), np.asarray(x)).fit()
+    return {
+        row: Contrast(float(fit.params[j + 1]), float(fit.bse[j + 1]), float(fit.df_resid), len(values[row]), "blocked")
+        for j, row in enumerate(others)
+        if len(values[row]) >= 1
+    }
+
+
 def welch(row: list[float], base: list[float]) -> Contrast:
     """`row` against `base` with each one's own variance (scipy's Welch t-test for its degrees of freedom)."""
     from scipy import stats as scipy_stats

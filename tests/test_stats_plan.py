@@ -112,6 +112,46 @@ def test_the_pooled_model_equals_the_closed_form_of_a_balanced_design():
     assert hand["large"]["p"] < 1e-12  # the row whose p needs the relative tolerance
 
 
+def test_the_row_and_seed_model_equals_the_two_way_closed_form_and_ignores_a_shift_per_seed():
+    """Balanced (every row every seed): each row's estimate is its mean difference, the residual the
+    two-way ANOVA's (y - row mean - seed mean + grand mean), (R - 1)(S - 1) df, se sqrt(2 MS / S).
+    Unbalanced (base with more seeds): numpy's least squares on the same design, and a constant
+    added to every value of one seed moves no estimate (it does move the unblocked model's)."""
+    values = {row: dict(enumerate(v)) for row, v in GROUPS.items()}
+    ours = stats.blocked(values, "base")
+    y = np.array([GROUPS[row] for row in GROUPS])  # rows x seeds
+    resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
+    df = (y.shape[0] - 1) * (y.shape[1] - 1)
+    ms = (resid**2).sum() / df
+    for i, row in enumerate(list(GROUPS)[1:], start=1):
+        c = ours[row]
+        assert c.method == "blocked" and c.df == df
+        assert c.estimate == pytest.approx(y[i].mean() - y[0].mean(), abs=1e-12)
+        assert c.se == pytest.approx(math.sqrt(2 * ms / y.shape[1]), rel=1e-9)
+    rng = np.random.default_rng(0)
+    uneven = {
+        "base": dict(enumerate(rng.normal(0, 0.01, 9))),
+        "a": {0: 0.05, 1: 0.07, 2: 0.04},
+        "b": {0: -0.01, 1: 0.0, 2: 0.02},
+    }
+    shift = {row: {s: v + (0.3 if s == 1 else 0.0) for s, v in seeds.items()} for row, seeds in uneven.items()}
+    rows, seeds = ["base", "a", "b"], list(range(9))
+    design, target = [], []
+    for row in rows:
+        for seed, v in uneven[row].items():
+            design.append([1.0, row == "a", row == "b", *(seed == k for k in seeds[1:])])
+            target.append(v)
+    coef, *_ = np.linalg.lstsq(np.array(design, float), np.array(target), rcond=None)
+    found, shifted = stats.blocked(uneven, "base"), stats.blocked(shift, "base")
+    assert [found["a"].estimate, found["b"].estimate] == pytest.approx(coef[1:3], abs=1e-12)
+    assert found["a"].df == len(target) - 3 - 8
+    assert [shifted[r].estimate for r in ("a", "b")] == pytest.approx([found[r].estimate for r in ("a", "b")])
+    unblocked = stats.pooled({r: list(v.values()) for r, v in shift.items()}, "base")
+    assert unblocked["a"].estimate != pytest.approx(
+        stats.pooled({r: list(v.values()) for r, v in uneven.items()}, "base")["a"].estimate
+    )
+
+
 def test_holm_equals_the_step_down_closed_form_and_the_verdicts_cover_every_case():
     ours, hand = stats.contrasts(GROUPS, "base"), closed_form(GROUPS)
     rows = list(hand)
@@ -359,7 +399,9 @@ def test_the_full_profile_trains_every_row_for_one_budget_at_the_papers_rate_for
         d_model, warmup = config["model"]["d_model"], config["warmup_steps"]
         peak = d_model**-0.5 * warmup**-0.5 * config["learning_rate_scale"]
         assert peak == pytest.approx(d_model**-0.5 * 4000**-0.5), run.name
-    assert rows.replicates_of("base") == stats.base_seeds(3, 8) == 9 and rows.replicates_of("C5") == 3
+    # Dunnett's allocation: 9 base seeds for the 8 rows frozen first, 14 for all 19 (the amendment)
+    assert stats.base_seeds(3, 8) == 9 and rows.replicates_of("base") == stats.base_seeds(3, 19) == 14
+    assert rows.replicates_of("C5") == 3
 
 
 def test_two_tables_side_by_side_give_each_rows_interaction_from_their_analyses(tmp_path, capsys):
