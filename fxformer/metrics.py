@@ -252,8 +252,22 @@ def console_line(step, total, m, window, tokens_per_step, now, budget_left=None)
     return " | ".join(parts)
 
 
+TOKEN_SUMS = ("loss", "nll", "correct", "tokens")  # the loss's sums over target tokens (`optim.SUMS`)
+PER_TOKEN = "_sum"  # a metric `train_step` returns as a sum over target tokens: reported per token, unsuffixed
+LAST = ("learning_rate",)  # the value at the window's last step
+
+
 def window_metrics(fetched: list[dict]) -> dict[str, float]:
-    """Per-token loss, nll, perplexity and accuracy over training steps' fetched metrics (their sums
-    over their tokens, not a mean of per-step means), the last one's learning rate, the tokens."""
-    sums = {k: sum(float(m[k]) for m in fetched) for k in fetched[0] if k != "learning_rate"}
-    return {**per_token(sums), "learning_rate": float(fetched[-1]["learning_rate"]), "tokens": sums["tokens"]}
+    """What a log window reports of the training steps' fetched metrics, each reduced as its name
+    declares: per-token loss, nll, perplexity and accuracy from the loss's sums (over their tokens,
+    not a mean of per-step means); any other `<name>_sum` per target token as `<name>`; the learning
+    rate at the last step; every other metric `train_step` returns, its mean over the window's steps.
+    A new metric of `train_step` reaches metrics.jsonl and TensorBoard with no other edit."""
+    sums = {k: sum(float(m[k]) for m in fetched) for k in fetched[0] if k not in LAST}
+    out = per_token(sums)
+    tokens = max(sums["tokens"], 1.0)
+    for key, total in sums.items():
+        if key in TOKEN_SUMS:
+            continue
+        out[key.removesuffix(PER_TOKEN)] = total / tokens if key.endswith(PER_TOKEN) else total / len(fetched)
+    return {**out, **{k: float(fetched[-1][k]) for k in LAST if k in fetched[0]}, "tokens": sums["tokens"]}

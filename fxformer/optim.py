@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from fxformer.metrics import TOKEN_SUMS
 from fxformer.model import shared_embedding, vocabulary_logits
 from fxformer.tokens import PAD_ID
 
@@ -40,7 +41,7 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
 
 # What `cross_entropy_sums` adds up over the weighted target tokens, in its order: the
 # label-smoothed loss, the plain NLL, correct guesses, tokens (`metrics.per_token` divides by the last).
-SUMS = ("loss", "nll", "correct", "tokens")
+SUMS = TOKEN_SUMS
 
 
 @jax.custom_vjp

@@ -1,11 +1,14 @@
 """Optimizer, loss and training loop: formulas, device-count invariance, exact resume, preemption."""
 
 import functools
+import json
 import math
 import signal
 import struct
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -216,6 +219,56 @@ def test_logged_and_console_losses_are_their_steps_sums_over_their_tokens():
     assert shown["ppl"] == pytest.approx(math.exp(2.5)) and shown["accuracy"] == pytest.approx(0.5)
     assert shown["learning_rate"] == 2e-3 and shown["tokens"] == 10.0
     assert metrics.window_metrics(steps[1:])["loss"] == pytest.approx(30.0 / 8.0)  # one step: its own mean
+
+
+def test_a_metric_is_reduced_as_its_name_declares():
+    steps = [
+        {"loss": 6.0, "nll": 5.0, "correct": 1.0, "tokens": 2.0, "learning_rate": 1e-3, "x_sum": 4.0, "gnorm": 1.0},
+        {"loss": 30.0, "nll": 20.0, "correct": 4.0, "tokens": 8.0, "learning_rate": 2e-3, "x_sum": 16.0, "gnorm": 3.0},
+    ]
+    shown = metrics.window_metrics(steps)
+    assert shown["x"] == pytest.approx(20.0 / 10.0) and "x_sum" not in shown  # per target token
+    assert shown["gnorm"] == pytest.approx(2.0)  # the mean over the window's steps
+    assert shown["learning_rate"] == 2e-3
+
+
+ADDED_METRIC = """
+import sys
+import jax.numpy as jnp
+from fxformer import cli, train
+
+step = train.train_step
+
+def with_more(*args, **kwargs):  # two metrics added to train_step's, nothing else changed
+    state, found = step(*args, **kwargs)
+    return state, {**found, "twice_sum": 2.0 * found["tokens"], "constant": jnp.float32(7.0)}
+
+train.train_step = with_more
+sys.argv = ["fxformer.train", *sys.argv[1:]]
+cli.run(train.main)
+"""
+
+
+def test_a_metric_added_to_train_step_reaches_metrics_jsonl_and_tensorboard(tmp_path, data_dir, corpus):
+    from conftest import env_with_devices, train_command
+
+    script = tmp_path / "added.py"
+    script.write_text(ADDED_METRIC)
+    workdir = tmp_path / "w"
+    command = train_command(workdir, data_dir, num_train_steps=4, log_every_steps=2)
+    done = subprocess.run(
+        [sys.executable, str(script), *command[3:]],
+        env={**env_with_devices(1), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    logged = [line for line in lines if "loss" in line]
+    assert [line["step"] for line in logged] == [2, 4]
+    assert all(line["twice"] == pytest.approx(2.0) and line["constant"] == pytest.approx(7.0) for line in logged)
+    assert read_tensorboard_scalars(workdir / "tensorboard", "twice") == pytest.approx({2: 2.0, 4: 2.0})
+    assert read_tensorboard_scalars(workdir / "tensorboard", "constant") == pytest.approx({2: 7.0, 4: 7.0})
 
 
 # Adam's epsilon for comparing two ways of computing the same step: with the paper's 1e-9, a
