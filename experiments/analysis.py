@@ -265,12 +265,67 @@ def readout_verdicts(plan: Plan, judged: list[Judged], sensitivities: dict) -> d
     return {r: {j.row: j.verdict for j in js if j.counted} for r, js in found.items()}
 
 
+def sensitivity_judgements(sweep, doc: dict, plan: Plan, test: dict[str, Judged]) -> dict[str, list[Judged]]:
+    """The same rows with one setting of the plan changed, by label: each margin, the paper's noise
+    doubled, each other readout, Welch for every row, the row + seed model, the test split."""
+    changed = {f"margin ±{100 * m:g}%": {"margin": m} for m in stats.MARGINS}
+    changed[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"] = {"paper_log_sd": plan.paper_log_sd_sensitivity}
+    changed |= {f"readout {readout}": {"readout": readout} for readout in plan.readouts}
+    found = {label: judge(sweep, doc, dataclasses.replace(plan, **c)) for label, c in changed.items()}
+    found["Welch for every row"] = judge(sweep, doc, plan, welch_all=True)
+    found["row + seed model (seed a fixed effect)"] = judge(sweep, doc, plan, seed_blocks=True)
+    if test:
+        found[f"{plan_split(sweep)} split"] = list(test.values())
+    return found
+
+
+def plan_split(sweep) -> str | None:
+    """The split evaluated beside the primary one (the test set), if any."""
+    return next(iter(dict(sweep.evaluations()[1:])), None)
+
+
+def sensitivity_lines(plan: Plan, judged: list[Judged], sensitivities: dict, by_readout: dict) -> list[str]:
+    """analysis.md's sensitivities: the counts under each, the rows a doubled noise band makes
+    ties, and each counted row's verdict at every readout."""
+    ties = sensitivities[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"]
+    new_ties = [j.row for j, k in zip(judged, ties) if j.paper_sign and k.paper_sign == 0]
+    lines = [
+        "Sensitivities (the same rows, one setting changed):",
+        "",
+        *(f"- {label}: {count_text(found)}" for label, found in sensitivities.items()),
+        f"- the paper's own noise at sd {plan.paper_log_sd_sensitivity:g} nats makes these rows paper ties: "
+        f"{', '.join(new_ties) or 'none'}",
+    ]
+    if plan.readouts:
+        lines += ["", "Each counted row's verdict at each readout (the plan, its dev curve read at that step):", ""]
+        lines += ["| row | " + " | ".join(by_readout) + " |", "|---|" + "---|" * len(by_readout)]
+        lines += [
+            f"| {j.row} | " + " | ".join(v.get(j.row, "") for v in by_readout.values()) + " |"
+            for j in judged
+            if j.counted
+        ]
+    return lines
+
+
+def claim_lines(plan: Plan, found_claims: list[dict]) -> list[str]:
+    """analysis.md's table of the paper's claims, each row's verdict against the claim's direction."""
+    if not found_claims:
+        return []
+    how = f"on {plan.split} {plan.metric.upper()}, the plan's outcome, also where the paper states the claim in BLEU"
+    lines = ["", f"**The paper's claims** (each row judged against the direction the claim states, {how}):", ""]
+    lines += ["| claim | rows: our verdict |", "|---|---|"]
+    for c in found_claims:
+        rows = ", ".join(f"{row}: {v}" for row, v in c["verdicts"].items())
+        lines.append(f"| {c['claim']} ({c['source']}) | {rows} |")
+    return lines
+
+
 def document(sweep, doc: dict) -> tuple[str, dict]:
     """(analysis.md, analysis.json's content) of a sweep's records under its plan."""
     plan = Plan.of(sweep)
     judged = judge(sweep, doc, plan)
     counted = [j for j in judged if j.counted]
-    test_split = next(iter(dict(sweep.evaluations()[1:])), None)
+    test_split = plan_split(sweep)
     on_test = dataclasses.replace(plan, split=test_split or "", readout="final")
     test = {j.row: j for j in judge(sweep, doc, on_test)} if test_split else {}
     bleu = {
@@ -279,16 +334,8 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
     }
     pooled = next((j for j in judged if j.method == "pooled"), None)
     welch_rows = [j.row for j in judged if j.method == "welch"]
-    changed = {f"margin ±{100 * m:g}%": {"margin": m} for m in stats.MARGINS}
-    changed[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"] = {"paper_log_sd": plan.paper_log_sd_sensitivity}
-    changed |= {f"readout {readout}": {"readout": readout} for readout in plan.readouts}
-    sensitivities = {label: judge(sweep, doc, dataclasses.replace(plan, **c)) for label, c in changed.items()}
-    sensitivities["Welch for every row"] = judge(sweep, doc, plan, welch_all=True)
-    sensitivities["row + seed model (seed a fixed effect)"] = judge(sweep, doc, plan, seed_blocks=True)
-    if test:
-        sensitivities[f"{test_split} split"] = list(test.values())
-    ties = sensitivities[f"paper noise sd {plan.paper_log_sd_sensitivity:g}"]
-    new_ties = [j.row for j, k in zip(judged, ties) if j.paper_sign and k.paper_sign == 0]
+    sensitivities = sensitivity_judgements(sweep, doc, plan, test)
+    by_readout = readout_verdicts(plan, judged, sensitivities)
     found_claims = claims(sweep, judged)
     lines = [
         f"# {sweep.name}, profile {doc['header']['profile'].partition(':')[0]}: the analysis plan's result",
@@ -302,27 +349,9 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         f"Under-powered at the ±{100 * plan.margin:g}% margin (TOST power below {POWER:g}): "
         f"{', '.join(j.row for j in counted if j.power is not None and j.power < POWER) or 'none'}.",
         "",
-        "Sensitivities (the same rows, one setting changed):",
-        "",
-        *(f"- {label}: {count_text(found)}" for label, found in sensitivities.items()),
-        f"- the paper's own noise at sd {plan.paper_log_sd_sensitivity:g} nats makes these rows paper ties: "
-        f"{', '.join(new_ties) or 'none'}",
+        *sensitivity_lines(plan, judged, sensitivities, by_readout),
+        *claim_lines(plan, found_claims),
     ]
-    by_readout = readout_verdicts(plan, judged, sensitivities)
-    if plan.readouts:
-        lines += ["", "Each counted row's verdict at each readout (the plan, its dev curve read at that step):", ""]
-        lines += ["| row | " + " | ".join(by_readout) + " |", "|---|" + "---|" * len(by_readout)]
-        lines += [f"| {j.row} | " + " | ".join(v.get(j.row, "") for v in by_readout.values()) + " |" for j in counted]
-    if found_claims:
-        how = (
-            f"on {plan.split} {plan.metric.upper()}, the plan's outcome, also where the paper states the claim in BLEU"
-        )
-        lines += ["", f"**The paper's claims** (each row judged against the direction the claim states, {how}):", ""]
-        lines += ["| claim | rows: our verdict |", "|---|---|"]
-        for c in found_claims:
-            rows = ", ".join(f"{row}: {v}" for row, v in c["verdicts"].items())
-            lines.append(f"| {c['claim']} ({c['source']}) | {rows} |")
-    text = "\n".join(lines) + "\n"
     data = {  # floats rounded (`stats.rounded`): the file rebuilds byte for byte on any machine
         "plan": dataclasses.asdict(plan),
         "rows": [dataclasses.asdict(j) for j in judged],
@@ -336,4 +365,4 @@ def document(sweep, doc: dict) -> tuple[str, dict]:
         "claims": found_claims,
         "readouts": by_readout,
     }
-    return text, stats.rounded(data)
+    return "\n".join(lines) + "\n", stats.rounded(data)
