@@ -23,6 +23,12 @@ QUEUE=(
   "full C6 0" "full C6 1" "full C6 2"
 )
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"  # one thread a run, as the 30 runs
+# the records' runs read MULTI30K/data/task1/raw (a clone of github.com/multi30k/dataset): a config that
+# resolves to other paths is refused as a changed config, so the files must be there and only there
+if [ ! -e "$DATA/data/task1/raw/train.en.gz" ] || [ -e "$DATA/task1/raw" ]; then
+  echo "regime-runs.sh: put the Multi30k files in $DATA/data/task1/raw (a clone of multi30k/dataset), and nothing in $DATA/task1/raw" >&2
+  exit 2
+fi
 cd "$PIN" || exit 1
 arm() {  # arm -> "root profile records"
   case $1 in
@@ -50,7 +56,7 @@ worker() {
     fi
     echo "$(date -u +%H:%M) worker $1: $a $row seed $seed"
     .venv/bin/python -m experiments run table3 --root="$root" --profile="$profile" --only="$row" --seeds=$((seed + 1)) --parallel=1
-    echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: exited $?"
+    rc=$?; echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: exited $rc"
     flock 9; forget_seeds "$root"; flock -u 9
   done
 }
