@@ -38,6 +38,7 @@ class Plan:
     paper_log_sd: float = 0.003  # the reference's per-run sd of the log metric: its tie band
     paper_log_sd_sensitivity: float = 0.006  # the same band at twice the noise: the rows it makes ties
     readouts: tuple[str, ...] = ()  # other readouts reported as sensitivities ("step:700")
+    complete_rows: bool = False  # a row enters the model only with every seed the sweep plans for it finished
 
     @classmethod
     def of(cls, sweep) -> Plan:
@@ -105,6 +106,9 @@ def judge(sweep, doc: dict, plan: Plan, welch_all: bool = False, seed_blocks: bo
     margin, log_sd = math.log1p(plan.margin), plan.paper_log_sd
     values, diverged = log_values(doc, plan.split, plan.metric, plan.readout)
     base = sweep.baseline
+    everything = {row: list(seeds.values()) for row, seeds in values.items()}
+    if plan.complete_rows:  # a row still running its seeds is shown, not modelled (the stop rule)
+        values = {r: v for r, v in values.items() if r == base or len(v) >= sweep.replicates_of(r)}
     groups = {row: list(seeds.values()) for row, seeds in values.items()}
     if welch_all:
         found = {r: stats.welch(v, groups[base]) for r, v in groups.items() if r != base and len(v) > 1}
@@ -118,7 +122,7 @@ def judge(sweep, doc: dict, plan: Plan, welch_all: bool = False, seed_blocks: bo
     p_tost_holm = stats.holm({r: found[r].p_equivalent(margin) for r in counted})
     out = []
     for row in rows:
-        seeds = groups.get(row, [])
+        seeds = everything.get(row, [])
         paper, sign = paper_direction(sweep, row, plan.metric, log_sd)
         j = Judged(row, row in counted, len(seeds), diverged.get(row, 0),
                    math.exp(statistics.fmean(seeds)) if seeds else None, paper=paper, paper_sign=sign)  # fmt: skip

@@ -4,6 +4,7 @@
 # trained by a pinned checkout of the code so that later changes to the tree do not reach them.
 #   arm full: the rows, into ROOT (records: experiments/results/table3-regime/)
 #   arm lr2:  the learning-rate arm (profile multi30k-full-lr2), into ROOT-lr2 (records: .../lr2/)
+# Each finished run's records are committed as it finishes, from the checkout this script is in.
 # Resumable: run it again. On a new machine the finished runs of the committed records are restored
 # first; a finished run is skipped, a stopped one resumes from its checkpoint. A run is started only
 # if it can end before DEADLINE (seconds since the epoch), EST seconds being a run's length.
@@ -45,8 +46,9 @@ for a in full lr2; do  # a new machine: the finished runs of the committed recor
   [ -e "$records" ] && .venv/bin/python -m experiments restore table3 --from_records="$records" --root="$root" --seeds=14
   forget_seeds "$root"
 done
-exec 9> "$ROOT.queue.lock"; NEXT="$ROOT.queue.next"; echo 0 > "$NEXT"
-worker() {
+LOCK="$ROOT.queue.lock"; NEXT="$ROOT.queue.next"; echo 0 > "$NEXT"
+worker() {  # its own open file of LOCK (fd 9): flock excludes other processes' opens, not a shared one
+  exec 9> "$LOCK"
   while true; do
     flock 9; i=$(cat "$NEXT"); echo $((i + 1)) > "$NEXT"; flock -u 9
     [ "$i" -lt ${#QUEUE[@]} ] || return 0
@@ -55,9 +57,37 @@ worker() {
       echo "$(date -u +%H:%M) worker $1: $a $row seed $seed not started: it would end after the deadline"; return 0
     fi
     echo "$(date -u +%H:%M) worker $1: $a $row seed $seed"
-    .venv/bin/python -m experiments run table3 --root="$root" --profile="$profile" --only="$row" --seeds=$((seed + 1)) --parallel=1
-    rc=$?; echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: exited $rc"
-    flock 9; forget_seeds "$root"; flock -u 9
+    # `run --seeds=N` writes N into the root's record as it starts; under the lock until it is taken
+    # out again, so that a collection (`land`, which takes the lock) never sees it
+    flock 9
+    .venv/bin/python -m experiments run table3 --root="$root" --profile="$profile" --only="$row" --seeds=$((seed + 1)) --parallel=1 &
+    pid=$!; sleep 30; forget_seeds "$root"; flock -u 9
+    wait $pid; rc=$?; echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: exited $rc"
   done
 }
-worker 1 & sleep 90; worker 2 & wait
+running() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }  # any of these PIDs
+finished() { grep -l '"finished"' "$1"/*/sweep.json 2>/dev/null | wc -l; }
+land() {  # every 5 minutes: where more runs have finished, collect the arm's records in the checkout this script
+  # is in (its code), rewrite the figures (and regime.md), and commit that folder alone
+  exec 9> "$LOCK"
+  local repo alive=1; repo=$(git -C "$(dirname "$RESULTS")" rev-parse --show-toplevel)
+  declare -A seen=([full]=$(finished "$ROOT") [lr2]=$(finished "$ROOT-lr2"))
+  while [ $alive = 1 ]; do
+    for _ in $(seq 30); do running "$@" || { alive=0; break; }; sleep 10; done  # 5 minutes, or the end
+    for a in full lr2; do
+      read -r root _ records <<< "$(arm $a)"; out=$(dirname "$records"); n=$(finished "$root")
+      [ "$n" != "${seen[$a]}" ] || continue
+      flock 9; forget_seeds "$root"
+      (cd "$repo" && nice .venv/bin/python -m experiments collect table3 --root="$root" --out="$out" \
+        && nice .venv/bin/python -m experiments plot table3 --from_records="$records" --out="$out" \
+        && { [ $a != full ] || nice .venv/bin/python -m experiments.regime \
+             experiments/results/table3-multi30k/records.jsonl.gz "$records"; } \
+        && git add -- "$out" && git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out" \
+        && echo "$(date -u +%H:%M) land $a: $n finished runs committed") > /tmp/regime-land.log 2>&1 \
+        || echo "$(date -u +%H:%M) land $a: collect failed (/tmp/regime-land.log)"
+      flock -u 9; seen[$a]=$n
+    done
+  done
+}
+worker 1 & first=$!; sleep 90; worker 2 & second=$!
+land $first $second & wait
