@@ -194,15 +194,9 @@ PROFILES = {
         multi30k.set_files,
         FULL_PEAK,
     ),  # fmt: skip
-    "multi30k-full-lr2": Profile(
-        MULTI30K_FULL_BASE,
-        {"width": 1 / 8, "layers": 1 / 2, "steps": FULL_STEPS / 100_000},
-        True,
-        multi30k.set_files,
-        2.0,
-    ),  # fmt: skip
     "smoke": Profile(SMOKE_BASE, {"width": 1 / 16, "layers": 1 / 6, "steps": 8 / 100_000}),
 }
+PROFILES["multi30k-full-lr2"] = dataclasses.replace(PROFILES["multi30k-full"], peak=2.0)  # the learning-rate arm
 SCALED = {
     "model.d_model": "width", "model.d_ff": "width", "model.d_k": "width", "model.d_v": "width",
     "model.num_layers": "layers", "num_train_steps": "steps",

@@ -136,8 +136,7 @@ class TrainedRun:
         `limit` sentences if > 0), as `fxformer.evaluate` prints them; the results and translations
         are written to W/eval/ as the command writes them, their path under "path"."""
         run = self.with_decode(**decode)
-        if jax.process_index() == 0:
-            paths.check_writable(self.workdir.eval, "evaluation writes its results")
+        evaluation.check_writable(self.workdir)
         return evaluation.evaluate(self.workdir, split, self.step, limit=limit, log=quiet, restored=run.restored)
 
 

@@ -106,11 +106,15 @@ def evaluate(
     return results
 
 
-def restore_writable(workdir: paths.Workdir, step, average_last, overrides, log) -> inference.Restored:
-    """`inference.restore`, after checking (on process 0) that the results can be written: before
-    any work, since they are written at the end."""
+def check_writable(workdir: paths.Workdir) -> None:
+    """On process 0, that W/eval/ can take the results: checked before any work, since they are written at the end."""
     if jax.process_index() == 0:
         paths.check_writable(workdir.eval, "evaluation writes its results")
+
+
+def restore_writable(workdir: paths.Workdir, step, average_last, overrides, log) -> inference.Restored:
+    """`inference.restore`, after `check_writable`."""
+    check_writable(workdir)
     return inference.restore(workdir, step, average_last, overrides, log)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_sweep import TABLE3_ROWS  # the paper's rows, in its order
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -41,12 +42,13 @@ def test_every_console_command_resolves_to_a_callable():
         assert callable(importlib.import_module(command.module).main), f"{name}: {command.module} has no main"
 
 
-def console(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """What pip's console script does (`sys.exit(target())` with argv[0] its name), from outside the checkout."""
+def console(name: str, *args: str, cwd: Path, env=None) -> subprocess.CompletedProcess:
+    """What pip's console script does (`sys.exit(target())` with argv[0] its name), from outside the
+    checkout, in `env(cwd)`'s environment (default `installed_env`)."""
     module, _, attribute = SCRIPTS[name].partition(":")
     script = f"import sys; sys.argv[0] = {name!r}; from {module} import {attribute}; sys.exit({attribute}())"
     return subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=cwd, env=installed_env(cwd), capture_output=True, text=True
+        [sys.executable, "-c", script, *args], cwd=cwd, env=(env or installed_env)(cwd), capture_output=True, text=True
     )
 
 
@@ -135,11 +137,7 @@ def copied_env(tmp_path: Path) -> dict[str, str]:
 
 def installed(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """A console command of a copied (installed) package, run from `cwd` outside the checkout."""
-    module, _, attribute = SCRIPTS[name].partition(":")
-    script = f"import sys; sys.argv[0] = {name!r}; from {module} import {attribute}; sys.exit({attribute}())"
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=cwd, env=copied_env(cwd), capture_output=True, text=True
-    )
+    return console(name, *args, cwd=cwd, env=copied_env)
 
 
 def one_error(result: subprocess.CompletedProcess) -> str:
@@ -155,14 +153,7 @@ def test_installed_params_table3_names_the_checkouts_rows_file_or_prints_the_tab
     table = installed("fxformer-params", f"--table3={REPO / 'configs' / 'table3.py'}", cwd=tmp_path)
     assert table.returncode == 0, table.stderr[-2000:]
     rows = [line.split("|")[1].strip() for line in table.stdout.splitlines() if line.startswith("| ")][1:]
-    assert rows == ["base", "A1", "A2", "A3", "A4", "B1", "B2", *(f"C{i}" for i in range(1, 8))] + [
-        "D1",
-        "D2",
-        "D3",
-        "D4",
-        "E",
-        "big",
-    ]
+    assert rows == TABLE3_ROWS
 
 
 def test_a_config_path_that_does_not_exist_says_where_configs_live(tmp_path):
