@@ -82,8 +82,9 @@ land() {  # every 5 minutes: where more runs have finished, collect the arm's re
         && nice .venv/bin/python -m experiments plot table3 --from_records="$records" --out="$out" \
         && { [ $a != full ] || nice .venv/bin/python -m experiments.regime \
              experiments/results/table3-multi30k/records.jsonl.gz "$records"; } \
-        && git add -- "$out" && git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out" \
-        && echo "$(date -u +%H:%M) land $a: $n finished runs committed") > /tmp/regime-land.log 2>&1 \
+        && git add -- "$out" && { git diff --cached --quiet -- "$out" \
+             || git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out"; } \
+        && echo "$(date -u +%H:%M) land $a: $n finished runs landed") > /tmp/regime-land.log 2>&1 \
         || echo "$(date -u +%H:%M) land $a: collect failed (/tmp/regime-land.log)"
       flock -u 9; seen[$a]=$n
     done
