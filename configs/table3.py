@@ -276,7 +276,7 @@ NOISE_SOURCE = (
 
 # The paper's stated conclusions from Table 3 (section 6.2; label smoothing, section 5.4), each with
 # the rows it rests on and the direction it states for their dev perplexity: +1 higher (worse),
-# -1 lower (better), 0 the same (a tie). Judged by experiments/analysis.py against these directions.
+# -1 lower (better), 0 the same (a tie). Judged by experiments/analysis/plans.py against these directions.
 CLAIMS = (
     {"claim": "single-head attention is 0.9 BLEU worse than the best setting", "source": "6.2, A", "rows": {"A1": 1}},
     {"claim": "quality also drops off with too many heads", "source": "6.2, A", "rows": {"A4": 1}},
@@ -301,7 +301,7 @@ CLAIMS = (
 REPLICATES = {"mini": {"base": 5, "*": 3}, "multi30k": {"base": 5, "*": 3}, "multi30k-full": {"base": 14, "*": 3}}
 REPLICATES["multi30k-full-lr2"] = {"*": 3}  # base, C5 and D2, 3 seeds each (the regime PLAN.md's amendment)
 
-# The analysis plan's settings per profile (experiments/analysis.py; experiments/results/table3-regime/PLAN.md)
+# The analysis plan's settings per profile (experiments/analysis/plans.py; experiments/results/table3-regime/PLAN.md)
 PLANS = {
     "mini": {"readout": "final"},
     "multi30k": {"readout": "final", "readouts": ["step:700"]},  # every run reached step 700

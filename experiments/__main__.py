@@ -12,6 +12,12 @@
     plot     PNG figures of the results, with error bars
     restore  a sweep moved to a new machine: its finished runs from the committed records (no checkpoints)
 
+    regime   two sweeps' records side by side: each row's change from its baseline in both, and how it moves
+
+Running (launch, the backends, the sweep runner and its workers, status) is this package's top level;
+analysing (records, statistics, the plans' verdicts, tables, figures, the regime comparison) is
+experiments.analysis, fed by a records file and a sweep's description alone.
+
 `python -m experiments <verb> --help` explains each. Imports no JAX: safe on a login or head node.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import sys
 
 from experiments import launch, runner
+from experiments.analysis import regime
 from fxformer import exitcodes
 from fxformer.errors import UserError
 
@@ -29,11 +36,13 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return exitcodes.OK if argv else exitcodes.USER_ERROR
     verb, rest = argv[0], argv[1:]
-    verbs = {**launch.VERBS, **runner.VERBS}
+    verbs = {**launch.VERBS, **runner.VERBS, "regime": regime.main}
     if verb not in verbs:
         print(f"error: unknown verb '{verb}'; choose one of {', '.join(verbs)}.", file=sys.stderr)
         return exitcodes.USER_ERROR
     try:
+        if verb == "regime":
+            return regime.main(rest)
         return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

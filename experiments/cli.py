@@ -1,8 +1,10 @@
-"""The launcher's small command-line helpers: its messages, programs on PATH, flags, durations,
-the code's commit. Imports nothing of fxformer's but its error type and duration format, and no JAX."""
+"""The small helpers both halves of experiments/ share: the launcher's messages, programs on PATH,
+flags, durations, the code's commit, and the project's JSON files read with one sentence when
+damaged. Imports nothing of fxformer's but its error type and duration format, and no JAX."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -60,3 +62,11 @@ def commit_label() -> str:
         return ""
     sha, dirty = found
     return sha[:12] + ("-dirty" if dirty else "")
+
+
+def read_json(path, what: str, fix: str):
+    """A JSON file the project wrote, or one sentence naming it and what to do if it is damaged."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} ({what}) is damaged ({e.__class__.__name__}: {e}); {fix}.") from None

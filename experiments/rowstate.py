@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 
 from etils import epath
 
-from experiments.cli import flag_value
+from experiments.cli import flag_value, read_json
 from fxformer import configfile, metrics, paths
 from fxformer.config import load_workdir_config
-from fxformer.errors import UserError
 
 DEFAULT_LEASE_S = 300.0
 
@@ -44,14 +43,6 @@ class RowStatus(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def read_json(path, what: str, fix: str):
-    """A JSON file the project wrote, or one sentence naming it and what to do if it is damaged."""
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} ({what}) is damaged ({e.__class__.__name__}: {e}); {fix}.") from None
 
 
 def owner_id() -> str:

@@ -29,8 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-from experiments import backends, figures, records, report, rowstate
+from experiments import backends, rowstate, rundirs
 from experiments import status as status_verb
+from experiments import sweep as sweeps
+from experiments.analysis import figures, records, report
 from experiments.backends import Backend, Launched, Outcome
 from experiments.cli import commit_label, duration, say, split_at_dashes
 from experiments.context import Context, Replicate
@@ -127,7 +129,7 @@ def plan(ctx: Context, runs) -> int:
         print(f"  python -m fxformer.train {shlex.join(job.train_flags)}")
         print(f"  python -m {shlex.join(job.evaluation([]))}")
     print()
-    print("\n".join(report.layout(ctx, runs)))
+    print("\n".join(report.layout(ctx.sweep, ctx.extra, runs)))
     return exitcodes.OK
 
 
@@ -435,7 +437,8 @@ def main(verb: str, argv: list[str]) -> int:
     if verb == "restore":
         return restore(args, extra)
     if verb in ("collect", "plot") and (args.from_records or args.from_results):
-        return tables(verb, *report.from_file(args, extra))
+        sweep, runs, doc, folder = records_file(args)
+        return tables(verb, sweep, runs, doc, paths.as_path(args.out or folder))
     ctx = Context(args, extra)
     if verb in ("status", "collect", "plot") and not paths.as_path(ctx.root).exists():
         raise UserError(f"{ctx.root} does not exist, so no sweep has run there; give the --root that `run` used.")
@@ -446,7 +449,7 @@ def main(verb: str, argv: list[str]) -> int:
         return run_rows(ctx, runs)
     if verb == "status":
         return status_verb.show(ctx, runs)
-    return tables(verb, ctx, runs, records.from_root(ctx, runs), f"{ctx.root}/results")
+    return tables(verb, ctx.sweep, runs, rundirs.from_root(ctx, runs), paths.as_path(args.out or f"{ctx.root}/results"))
 
 
 def restore(args, extra: list[str]) -> int:
@@ -465,7 +468,7 @@ def restore(args, extra: list[str]) -> int:
     if ctx.sweep.name != header["sweep"]:
         raise UserError(f"{args.from_records} holds records of the sweep {header['sweep']}, not {ctx.sweep.name}.")
     ctx.record()
-    restored, kept = records.restore(ctx, doc, str(args.from_records))
+    restored, kept = rundirs.restore(ctx, doc, str(args.from_records))
     commits = sorted({rep.get("commit") or "?" for rep in doc["replicates"] if rep["state"] == "finished"})
     say(
         f"{ctx.root}: {restored} finished runs restored from {args.from_records}"
@@ -476,9 +479,28 @@ def restore(args, extra: list[str]) -> int:
     return exitcodes.OK
 
 
-def tables(verb: str, ctx: Context, runs, doc: dict, folder: str) -> int:
-    """collect or plot the sweep's records `doc` into --out (default `folder`)."""
-    directory = paths.as_path(ctx.options.out or folder)
+def tables(verb: str, sweep, runs, doc: dict, directory) -> int:
+    """collect or plot the records `doc` of `runs` (rows of `sweep`) into `directory`: the
+    analysis half, fed by the records and the sweep's description alone."""
     if verb == "collect":
-        return report.collect(ctx, runs, doc, directory)
-    return figures.plot(ctx, runs, doc, directory)
+        return report.collect(sweep, runs, doc, directory)
+    return figures.plot(sweep, runs, doc, directory)
+
+
+def records_file(args) -> tuple[sweeps.Sweep, list, dict, str]:
+    """(the sweep as the file's records describe it, its rows, the records, the file's folder) for
+    --from_records (a records.jsonl.gz collect wrote) or --from_results (a results.json)."""
+    if args.root:
+        raise UserError("--from_records and --from_results need no --root: the records name it; give one or the other.")
+    if args.from_records and args.from_results:
+        raise UserError("give --from_records or --from_results, not both.")
+    path = args.from_records or args.from_results
+    doc = records.read(path) if args.from_records else records.from_results(path)
+    found = doc["header"]
+    if args.profile and args.profile != found["profile"]:
+        raise UserError(f"{path} holds the {found['profile']} profile, not {args.profile}; leave out --profile.")
+    sweep = sweeps.load(args.sweep, found["profile"])
+    if sweep.name != found["sweep"]:
+        raise UserError(f"{path} holds records of the sweep {found['sweep']}, not {sweep.name}.")
+    rows = set(found["rows"])
+    return sweep, [run for run in sweep.select(args.only) if run.name in rows], doc, str(paths.as_path(path).parent)

@@ -1,6 +1,7 @@
 """The launcher's design, checked without starting anything: the import graph between the
 `experiments` modules (read with `ast`, nothing imported) has no cycle and never runs back up
-(backends below the sweep runner, the report below the runner, nobody importing `__main__`),
+(the analysis half, experiments.analysis, importing nothing of the running half; backends below
+the sweep runner; nobody importing `__main__`),
 and `runner.run_row` acts on every outcome of a launch the way its docstring says, driven
 through a fake backend.
 
@@ -80,22 +81,35 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return next((cycle for module in sorted(graph) if module not in done and (cycle := visit([module]))), None)
 
 
-UPWARD = {f"experiments.{m}" for m in ("launch", "runner", "report", "status", "context", "__main__")}
+UPWARD = {f"experiments.{m}" for m in ("launch", "runner", "status", "context", "rundirs", "__main__")}
+SHARED = {
+    "experiments",
+    "experiments.cli",
+    "experiments.sweep",
+}  # what both halves read: helpers, a sweep's description
 
 
-# The tables and figures, bottom up: a row's record, its cells, the footer, the report; the figures
-# beside the report. Each may import only what sits below it here (and never the runner).
-TABLES = [f"experiments.{m}" for m in ("rows", "cells", "footer", "report", "figures")]
+def analysing(module: str) -> bool:
+    return module == "experiments.analysis" or module.startswith("experiments.analysis.")
 
 
-def forbidden(module: str) -> set[str]:
-    """What `module` may not import: nothing imports __main__, backends sit below the verbs,
-    and the tables (rows <- cells <- footer <- report; figures) and status below the runner."""
+# The analysis half, bottom up: the records format and the statistics; a row's record, its cells,
+# the footer, the report; the plans' verdicts, the figures and the regime comparison beside them.
+# Each may import only what sits below it here (and nothing of the running half).
+TABLES = [f"experiments.analysis.{m}" for m in ("rows", "cells", "footer", "report", "figures")]
+
+
+def forbidden(module: str, modules: set[str]) -> set[str]:
+    """What `module` may not import: nothing imports __main__; the analysis half imports nothing of
+    the running half (only itself and SHARED), its tables only what sits below them; backends sit
+    below the verbs, status below the runner."""
     banned = {"experiments.__main__"}
+    if analysing(module):
+        banned |= {m for m in modules if not analysing(m)} - SHARED
     if module == "experiments.backends" or module.startswith("experiments.backends."):
         banned |= UPWARD
     if module in TABLES:
-        banned |= {"experiments.runner", *TABLES[TABLES.index(module) :]} - {module}
+        banned |= set(TABLES[TABLES.index(module) :]) - {module}
     if module == "experiments.status":  # a verb beside the tables, below the runner
         banned |= {"experiments.runner", *TABLES}
     return banned
@@ -105,16 +119,23 @@ def test_the_experiments_import_graph_has_no_cycle_and_never_runs_back_up():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the finder finds one
     graph = import_graph()
     print("\n" + "\n".join(graph_lines(graph)))
-    assert {"experiments.backends", "experiments.report", "experiments.context"} <= graph["experiments.runner"]
+    assert {"experiments.backends", "experiments.analysis.report", "experiments.context"} <= graph["experiments.runner"]
     assert "experiments.backends.base" in graph["experiments.backends"]  # the parser sees real edges
-    assert forbidden("experiments.cells") == {"experiments.__main__", "experiments.runner", *TABLES[2:]}
+    banned = forbidden("experiments.analysis.cells", set(graph))
+    assert {"experiments.runner", "experiments.context", "experiments.rowstate", *TABLES[2:]} <= banned
+    assert not banned & {"experiments.analysis.stats", "experiments.cli", "experiments.sweep"}
     assert set(TABLES) <= graph.keys()  # a table module renamed would leave its rule checking nothing
+    assert sum(map(analysing, graph)) >= 9 and len(graph) - sum(map(analysing, graph)) >= 15  # two real halves
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
     upward = [
-        f"{module} -> {dep}" for module, deps in sorted(graph.items()) for dep in sorted(deps & forbidden(module))
+        f"{module} -> {dep}"
+        for module, deps in sorted(graph.items())
+        for dep in sorted(deps & forbidden(module, set(graph)))
     ]
     assert not upward, f"imports that run back up: {upward}"
+    # the rule is live: the analysis half importing the launcher's context would be refused
+    assert "experiments.context" in forbidden("experiments.analysis.rows", set(graph))
 
 
 # ---------------------------------------------------------------------------------------------

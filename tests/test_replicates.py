@@ -24,16 +24,21 @@ from scipy import stats as scipy_stats
 from test_launch import SLURM_2X8, TPU_4_WORKERS, golden_dry_run
 
 from experiments import __main__ as experiments_main
-from experiments import cells, footer, records, report, runner, stats
-from experiments import figures as sweep_figures
-from experiments import rows as rows_module
+from experiments import rundirs, runner
 from experiments import status as status_module
+from experiments.analysis import cells, footer, records, report, stats
+from experiments.analysis import figures as sweep_figures
+from experiments.analysis import rows as rows_module
 from experiments.context import Context, Replicate
-from experiments.rows import gather
 from experiments.rowstate import RowStatus
 from fxformer import exitcodes, optim, trainstate
 from fxformer.data import pipeline, token_ids
 from fxformer.model import Transformer, TransformerConfig
+
+
+def gather(ctx: Context, runs) -> list:
+    """The rows of `runs` as `collect` builds them: the records of the root's run directories, analysed."""
+    return rows_module.gather(ctx.sweep, runs, rundirs.from_root(ctx, runs))
 
 
 def context(root, *flags) -> Context:
@@ -96,9 +101,15 @@ def test_with_three_pairs_2_5_standard_errors_is_a_tie_and_5_a_direction():
     assert stats.sign(tie) == 0 and stats.sign(direction) == 1  # the old 2-SE rule called 2.5 SE a direction
     assert stats.sign(stats.paired(*reversed(pairs_at(5.0)))) == -1
     assert stats.sign(stats.paired({0: 3.0}, {0: 1.0})) is None  # one pair: no spread, no test
-    assert stats.verdict(stats.sign(tie), 1, 3) == "tie" and stats.verdict(stats.sign(direction), 1, 3) == "agree"
-    assert stats.verdict(1, 1, 3) == "agree" and stats.verdict(-1, 1, 3) == "disagree"
-    assert stats.verdict(0, 1, 3) == "tie" and stats.verdict(1, 0, 3) == "paper tie, ours not"
+    # the paired view's verdict: the one rule with no equivalence test (a tie of the t-test is inconclusive)
+    assert rows_module.paired_verdict(tie, 1) == "inconclusive" and rows_module.paired_verdict(direction, 1) == "agrees"
+    assert (
+        rows_module.paired_verdict(direction, -1) == "disagrees"
+        and rows_module.paired_verdict(tie, 0) == "inconclusive"
+    )
+    assert rows_module.paired_verdict(direction, 0) == "disagrees"  # the paper ties, ours moves
+    assert rows_module.paired_verdict(stats.paired({0: 3.0}, {0: 1.0}), 1) == "inconclusive"  # one pair: no test
+    assert rows_module.paired_verdict(direction, None) == ""  # no reference figure: no verdict
     # The reference is a tie within 2 sqrt(2) per-run sd of its log: 4.92 -> 4.88 is 0.0082 nats
     assert stats.reference_sign(-0.04, 4.92, {"log_sd": 0.003}) == 0
     assert stats.reference_sign(0.08, 4.92, {"log_sd": 0.003}) == 1
@@ -159,9 +170,9 @@ def test_collect_statistics_equal_numpy_on_hand_made_results(tmp_path):
         assert rows["B1"].delta_ours[metric] == pytest.approx(diffs.mean())
         assert rows["B1"].se[metric] == pytest.approx(diffs.std(ddof=1) / np.sqrt(3))
     # B1's PPL difference is many SE above 0 and the paper's +0.24 is no tie: agree; its BLEU: a tie
-    assert rows["B1"].direction["ppl"] == "agree"
-    assert rows["B1"].direction["bleu"] == "tie"
-    assert rows["C1"].se["ppl"] is None and rows["C1"].direction["ppl"].startswith("1 seed")
+    assert rows["B1"].direction["ppl"] == "agrees"
+    assert rows["B1"].direction["bleu"] == "inconclusive"
+    assert rows["C1"].se["ppl"] is None and rows["C1"].direction["ppl"] == "inconclusive"
     assert rows["C1"].delta_ours["ppl"] == pytest.approx(2.02 - 2.00)
 
 
@@ -181,7 +192,7 @@ def test_collected_table_shows_mean_sd_and_paired_differences(tmp_path, capsys):
     assert f"| {base.mean():.3f} |" == "| 2.017 |" in b1  # the matched base: the mean of the seeds Δ is from
     assert f"{test.statistic:.2f} ({test.df}), p={test.pvalue:.3f}" == "9.73 (2), p=0.010" in b1  # t (df), p
     c1 = next(line for line in table.splitlines() if line.startswith("| C1 |"))
-    assert "2.020 ± n/a" in c1 and "1 seed" in c1
+    assert "2.020 ± n/a" in c1 and "| 1 |" in c1 and "| inconclusive |" in c1  # one seed: no test
     assert "paired t-test" in table and "log_sd" not in table  # the footer states the rules in words
     saved = json.loads((Path(ctx.root) / "results" / "results.json").read_text())
     assert saved["rows"][1]["seeds"]["ppl"] == {"0": 2.3, "1": 2.31, "2": 2.2}
@@ -447,7 +458,7 @@ def test_the_real_text_records_are_the_multi30k_sweep_and_its_pilots():
 def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
     rows = {rec.row: rec for rec in gather(ctx, ctx.sweep.select(",".join(FAKE)))}
-    recs, header = list(rows.values()), records.from_root(ctx, [])["header"]
+    recs, header = list(rows.values()), rundirs.from_root(ctx, [])["header"]
     table = report.markdown(ctx.sweep, recs, footer.footer(ctx.sweep, header, recs))
     shown = {line.split("|")[1].strip(): line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")}
     assert rows["C1"].pilot and rows["D1"].pilot and not rows["A1"].pilot
@@ -460,7 +471,8 @@ def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
     a1 = rows["A1"]
     assert a1.ours["ppl"] - a1.matched["ppl"] == pytest.approx(a1.delta_ours["ppl"])
     # C1 learns faster at first (better at 1/4), level at 1/2, worse at the end, as in the paper
-    assert rows["C1"].along == ["disagree", "tie", "agree"] and "disagree → tie → agree" in shown["C1 (pilot)"][-4]
+    assert rows["C1"].along == ["disagrees", "inconclusive", "agrees"]
+    assert "disagrees → inconclusive → agrees" in shown["C1 (pilot)"][-4]
     for name, rec in rows.items():
         curves = [fake_curve(*points) for points, _ in FAKE[name]]
         fall = np.mean([(c[800] - c[1000]) / c[800] for c in curves])
@@ -468,8 +480,8 @@ def test_pilot_rows_test_set_and_convergence_in_the_table(tmp_path):
         assert shown[f"{name} (pilot)" if rec.pilot else name][-3].strip() == f"{100 * fall:.0f}%"
     # the headline counts A1 alone: the pilot rows are named, with their verdicts, and not counted
     count = next(line for line in table.splitlines() if line.startswith("PPL direction as the paper's"))
-    assert "0 agree, 0 tie, 1 disagree, of the 1 rows" in count and "(A1)" in count
-    assert "not counted: the pilot rows" in count and "C1 agree, D1 agree" in count
+    assert "0 agrees, 1 disagrees, 0 inconclusive, of the 1 rows" in count and "(A1)" in count
+    assert "not counted: the pilot rows" in count and "C1 agrees, D1 agrees" in count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,11 +581,12 @@ def test_convergence_is_read_at_fractions_of_each_runs_own_steps_and_from_traine
     # the directions along training pair the seeds whose training is over: one, while the other runs
     curve = lambda start: [{"step": s, "dev_ppl": start - s / 1000} for s in range(100, 1001, 100)]  # noqa: E731
     base_reps = [{"seed": k, "state": "finished", "curve": curve(3.0)} for k in (0, 1)]
-    reps = [{"seed": 0, "state": "finished", "curve": curve(3.1)}, {"seed": 1, "state": "running", "curve": curve(3.2)}]
+    reps = [{"seed": 0, "state": "finished", "curve": curve(3.1)}]
+    reps.append({"seed": 1, "state": "running", "curve": curve(3.101)})
     along = lambda: rows_module.along(ctx.sweep, rows["A1"], rows["base"], reps, base_reps)  # noqa: E731
-    assert all(v.startswith("1 seed") for v in along())
+    assert along() == ["inconclusive"] * 3  # one pair: no test
     reps[1]["state"] = "trained"
-    assert not any(v.startswith("1 seed") for v in along())  # two pairs now: the t-test's verdicts
+    assert along() == ["agrees"] * 3  # two pairs now (differences 0.1 and 0.101): the t-test finds it, as the paper
 
 
 def test_status_says_how_long_the_unfinished_runs_will_take(tmp_path, capsys):
@@ -634,9 +647,9 @@ def test_a_diverged_seed_makes_a_tie_wherever_its_nan_falls():
     for row in ({0: nan, 1: 2.0, 2: 2.5}, {0: 2.0, 1: nan, 2: 2.5}, {0: 2.0, 1: 2.0, 2: nan}):
         test = stats.paired(row, base)  # max/min of [1, nan, 1] is 1: once read as a difference without spread
         assert math.isnan(test.p) and stats.sign(test) == 0, row
-        assert rows_module.judge(test, 1) == "tie"
+        assert rows_module.paired_verdict(test, 1) == "inconclusive"
     assert stats.sign(stats.paired({0: 2.0, 1: nan}, {0: 1.0, 1: 1.0})) == 0  # was p = 0: "disagree"
-    assert rows_module.judge(stats.paired({0: nan}, {0: 1.0}), -1) == "1 seed: tie"  # was "1 seed: agree"
+    assert rows_module.paired_verdict(stats.paired({0: nan}, {0: 1.0}), -1) == "inconclusive"  # once "agree"
     shown = types.SimpleNamespace(t={"ppl": None}, p={"ppl": nan}, df={"ppl": 2})
     assert cells.t_cell(shown, "ppl") == "n/a (2), p=nan"  # not "no spread": that is differences all equal
 
@@ -668,7 +681,7 @@ def test_a_rows_config_comes_from_its_first_seed_that_recorded_one():
 
 def test_the_table_names_the_curves_that_miss_a_dev_evaluation(tmp_path):
     ctx = fake_mini_sweep(tmp_path / "t3")
-    recs, header = gather(ctx, ctx.sweep.select(",".join(FAKE))), records.from_root(ctx, [])["header"]
+    recs, header = gather(ctx, ctx.sweep.select(",".join(FAKE))), rundirs.from_root(ctx, [])["header"]
     gaps = ["B2.s1 at step 1,500"]
     named = footer.footer(ctx.sweep, header, recs, gaps)
     assert sum("early stopping counted one fewer there): B2.s1 at step 1,500." in line for line in named) == 1
@@ -691,13 +704,18 @@ def test_shares_spreads_and_the_headline_in_corner_cases():
     assert math.isnan(mean) and math.isnan(sd)
     assert stats.sign(stats.Paired(mean=1.0, pairs=3, p=float("nan"))) == 0  # no evidence: a tie
     assert stats.mean_sd([1.0, 2.0, 4.0])[1] == pytest.approx(np.std([1.0, 2.0, 4.0], ddof=1))
-    row = lambda name, verdict: types.SimpleNamespace(row=name, pilot=False, direction={"ppl": verdict})  # noqa: E731
-    singles = [row("A1", "1 seed: agree"), row("A2", "1 seed: paper tie"), row("B1", "1 seed: disagree")]
+
+    def row(name, reference, delta, pairs=1):
+        verdict = "inconclusive" if pairs < 2 or not reference else "agrees"
+        fields = {"direction": verdict, "reference": reference, "delta_ours": delta, "pairs": pairs}
+        return types.SimpleNamespace(row=name, pilot=False, **{k: {"ppl": v} for k, v in fields.items()})
+
+    singles = [row("A1", 1, 0.2), row("A2", 0, 0.1), row("B1", 1, -0.3)]
     assert footer.count_line(singles, "ppl") == (  # a paper tie cannot agree: not in the denominator
-        "PPL direction as the paper's (single seeds, no spread): 1 of the 2 rows with a paper difference beyond"
-        " its noise."
+        "PPL direction as the paper's (single seeds, no spread: the raw sign, no verdict): 1 of the 2 rows with a "
+        "paper difference beyond its noise."
     )
-    two_seed_ties = [row("A1", "1 seed: agree"), row("A3", "paper tie, ours tie")]
+    two_seed_ties = [row("A1", 1, 0.2), row("A3", 0, 0.0, pairs=2)]
     assert "no row has 2 or more paired seeds and a paper difference beyond its noise" in footer.count_line(
         two_seed_ties, "ppl"
     )
@@ -724,7 +742,7 @@ def test_rows_ended_by_early_stopping_are_finished_at_their_plateau_and_say_so(t
     assert rows["base"].ends == {0: 800, 1: 1000, 2: 700} and rows["base"].plateaued == 2
     assert cells.steps_cell(rows["base"]) == "700-1000/1000, 2 of 3 at a plateau"
     assert cells.steps_cell(rows["A1"]) == "1000/1000, 0 of 3 at a plateau"  # a criterion, and every seed at the cap
-    recs, header = list(rows.values()), records.from_root(ctx, [])["header"]
+    recs, header = list(rows.values()), rundirs.from_root(ctx, [])["header"]
     table = report.markdown(ctx.sweep, recs, footer.footer(ctx.sweep, header, recs))
     assert (
         "finds no better dev_ppl in 3 dev evaluations (one every 100 steps), or the cap of 1000 steps "

@@ -16,8 +16,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from experiments import __main__ as experiments_main
-from experiments import analysis, records, regime, stats
+from experiments import rundirs
 from experiments import sweep as sweep_module
+from experiments.analysis import plans, records, regime, stats
 from fxformer import versions
 
 # ---------------------------------------------------------------------------------------------
@@ -167,14 +168,14 @@ def test_holm_equals_the_step_down_closed_form_and_the_verdicts_cover_every_case
     verdicts = {}
     for row in rows:
         sign = (1 if ours[row].estimate > 0 else -1) if adjusted[row] < stats.ALPHA else 0
-        verdicts[row] = stats.plan_verdict(sign, adjusted_tost[row] < stats.ALPHA, reference=+1)
+        verdicts[row] = stats.verdict(sign, adjusted_tost[row] < stats.ALPHA, reference=+1)
     assert verdicts == {"large": "agrees", "flip": "equivalent", "same": "equivalent", "unsure": "inconclusive"}
     # the same rows where the reference falls, and where it ties
-    assert stats.plan_verdict(+1, False, -1) == "disagrees"
-    assert stats.plan_verdict(0, True, 0) == "agrees"
-    assert stats.plan_verdict(+1, True, 0) == "agrees"  # significant but inside the margin: the tie holds
-    assert stats.plan_verdict(+1, False, 0) == "disagrees"
-    assert stats.plan_verdict(0, False, 0) == "inconclusive"
+    assert stats.verdict(+1, False, -1) == "disagrees"
+    assert stats.verdict(0, True, 0) == "agrees"
+    assert stats.verdict(+1, True, 0) == "agrees"  # significant but inside the margin: the tie holds
+    assert stats.verdict(+1, False, 0) == "disagrees"
+    assert stats.verdict(0, False, 0) == "inconclusive"
 
 
 def test_two_groups_pooled_equal_scipys_student_t_test():
@@ -262,8 +263,8 @@ def test_the_analysis_of_records_is_the_closed_form_with_the_papers_directions_a
     paper = {"base": 4.92, "A1": 5.29, "A2": 4.60, "B1": 5.16, "E": 4.92}  # A2 made better, to disagree with
     sweep, doc = fake_records(groups, paper)
     doc["replicates"].append({"row": "E", "seed": 9, "evals": {"validation": {"ppl": float("nan")}}, "curve": []})
-    judged = {j.row: j for j in analysis.judge(sweep, doc, analysis.Plan.of(sweep))}
-    plan = analysis.Plan.of(sweep)
+    judged = {j.row: j for j in plans.judge(sweep, doc, plans.Plan.of(sweep))}
+    plan = plans.Plan.of(sweep)
     hand = closed_form({row: groups[row] for row in groups}, margin=math.log1p(plan.margin))
     rows = ["A1", "A2", "B1", "E"]
     holm, holm_tost = (holm_closed_form([hand[r][key] for r in rows]) for key in ("p", "p_tost"))
@@ -279,19 +280,19 @@ def test_the_analysis_of_records_is_the_closed_form_with_the_papers_directions_a
     # same -> B1 equivalent; unsure -> E inconclusive (neither test holds where the paper ties)
     verdicts = {row: j.verdict for row, j in judged.items()}
     assert verdicts == {"base": "", "A1": "agrees", "A2": "equivalent", "B1": "equivalent", "E": "inconclusive"}
-    found = analysis.claims(sweep, list(judged.values()))
+    found = plans.claims(sweep, list(judged.values()))
     assert [c["verdicts"] for c in found] == [{"A1": "agrees"}, {"E": "inconclusive"}]
     # the readout at a step reads the dev curves: the same values there, the same estimates
-    at_step = analysis.judge(sweep, doc, dataclasses.replace(analysis.Plan.of(sweep), readout="step:100"))
+    at_step = plans.judge(sweep, doc, dataclasses.replace(plans.Plan.of(sweep), readout="step:100"))
     assert [j.estimate for j in at_step] == [j.estimate for j in judged.values()]
 
 
 def test_the_interaction_of_two_analyses_is_the_difference_of_their_estimates():
     sweep, doc = fake_records({"base": GROUPS["base"], "A1": GROUPS["large"]}, {})
     _, other = fake_records({"base": GROUPS["base"], "A1": GROUPS["flip"]}, {})
-    plan = analysis.Plan.of(sweep)
-    first, second = analysis.judge(sweep, doc, plan), analysis.judge(sweep, other, plan)
-    both = analysis.interactions(first, second)["A1"]
+    plan = plans.Plan.of(sweep)
+    first, second = plans.judge(sweep, doc, plan), plans.judge(sweep, other, plan)
+    both = plans.interactions(first, second)["A1"]
     assert both.estimate == pytest.approx(MEANS["flip"] - MEANS["large"])
     assert both.se == pytest.approx(math.sqrt(first[1].se ** 2 + second[1].se ** 2))
 
@@ -319,13 +320,13 @@ def test_every_committed_analysis_is_what_its_records_give(folder, tmp_path):
 
 def test_the_records_header_names_the_datas_sha256_and_the_versions(tmp_path):
     (tmp_path / "train.en").write_bytes(b"abc")
-    found = records.data_files("a repository", {"data": {"source_file": str(tmp_path / "train.en"), "target_file": ""}})
+    found = rundirs.data_files("a repository", {"data": {"source_file": str(tmp_path / "train.en"), "target_file": ""}})
     # SHA-256 of "abc" (FIPS 180-2, appendix B.1)
     assert found == {
         "source": "a repository",
         "sha256": {"train.en": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
     }
-    env = records.environment()
+    env = rundirs.environment()
     assert env["jax"] == jax.__version__ and env["flax"] == flax.__version__ and env["numpy"] == np.__version__
 
 

@@ -366,7 +366,7 @@ def test_params_figure_labels_overlap_no_other_label_nor_marker():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments import figures
+    from experiments.analysis import figures
 
     # the mini table's crowd: ten rows at base's parameter count, several a few hundredths apart
     points = [
@@ -394,7 +394,7 @@ def test_params_figure_labels_overlap_no_other_label_nor_marker():
 
 
 def test_delta_bars_that_dwarf_the_rest_are_cut_where_the_next_reaches():
-    from experiments import figures
+    from experiments.analysis import figures
 
     # D1 of the real-text sweep: +183.5% [180, 187] beside bars that reach 17.3% at most
     ours = [(183.5, 180.0, 187.0), (10.0, 8.0, 12.0), (None, None, None)]

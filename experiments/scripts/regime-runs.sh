@@ -80,7 +80,7 @@ land() {  # every 5 minutes: where more runs have finished, collect the arm's re
       flock 9; forget_seeds "$root"
       (cd "$repo" && nice .venv/bin/python -m experiments collect table3 --root="$root" --out="$out" \
         && nice .venv/bin/python -m experiments plot table3 --from_records="$records" --out="$out" \
-        && { [ $a != full ] || nice .venv/bin/python -m experiments.regime \
+        && { [ $a != full ] || nice .venv/bin/python -m experiments regime \
              experiments/results/table3-multi30k/records.jsonl.gz "$records"; } \
         && git add -- "$out" && { git diff --cached --quiet -- "$out" \
              || git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out"; } \

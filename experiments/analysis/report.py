@@ -31,23 +31,20 @@ import dataclasses
 import io
 import json
 
-from experiments import analysis, records
-from experiments.cells import columns, fmt
-from experiments.context import Context
-from experiments.footer import footer
-from experiments.rows import Row, gather
+from experiments.analysis import plans, records
+from experiments.analysis.cells import columns, fmt
+from experiments.analysis.footer import footer
+from experiments.analysis.rows import Row, gather
 from fxformer import exitcodes, paths
 from fxformer.config import lookup
-from fxformer.errors import UserError
 
 # ---------------------------------------------------------------------------------------------
 # plan
 
 
-def layout(ctx: Context, runs) -> list[str]:
+def layout(sweep, extra: tuple[str, ...], runs) -> list[str]:
     """The table in the paper's layout: the sweep's columns, a blank cell = same as the baseline."""
-    sweep = ctx.sweep
-    configs = {run.name: run.resolved(ctx.extra) for run in sweep.runs}
+    configs = {run.name: run.resolved(extra) for run in sweep.runs}
     base = configs.get(sweep.baseline, {})
     metrics = list(sweep.metrics)
     header = ["row", *sweep.columns, *(f"paper {m}" for m in metrics), "paper params x1e6"]
@@ -84,30 +81,30 @@ def to_csv(sweep, recs: list[Row]) -> str:
     return out.getvalue()
 
 
-def collect(ctx: Context, runs, doc: dict, directory) -> int:
-    """table.md, table.csv and results.json from the records `doc`, and the records themselves
-    (unless they came from a results.json, which holds no raw records)."""
-    recs = gather(ctx, runs, doc)
+def collect(sweep, runs, doc: dict, directory) -> int:
+    """table.md, table.csv and results.json of `runs` (rows of `sweep`) from the records `doc`, and
+    the records themselves (unless they came from a results.json, which holds no raw records)."""
+    recs = gather(sweep, runs, doc)
     source = doc["header"]
     directory.mkdir(parents=True, exist_ok=True)
-    notes = footer(ctx.sweep, source, recs, records.dev_gaps(doc, {r.row for r in recs}))
-    table = markdown(ctx.sweep, recs, notes)
+    notes = footer(sweep, source, recs, records.dev_gaps(doc, {r.row for r in recs}))
+    table = markdown(sweep, recs, notes)
     document = {
-        "sweep": ctx.sweep.name,
+        "sweep": sweep.name,
         "profile": source["profile"],
         "source": source,
         "footer": notes,
         "rows": [dataclasses.asdict(rec) for rec in recs],
     }
     written = ["table.md", "table.csv", "results.json"]
-    others = [rep for rep in doc["replicates"] if rep["row"] != ctx.sweep.baseline and rep.get("evals")]
-    if ctx.sweep.plan and others:  # the analysis plan's verdicts beside the table, once a row has results
-        text, data = analysis.document(ctx.sweep, doc)
+    others = [rep for rep in doc["replicates"] if rep["row"] != sweep.baseline and rep.get("evals")]
+    if sweep.plan and others:  # the analysis plan's verdicts beside the table, once a row has results
+        text, data = plans.document(sweep, doc)
         paths.write_atomic(directory / "analysis.md", text)
         paths.write_atomic(directory / "analysis.json", json.dumps(data, indent=2) + "\n")
         written += ["analysis.md", "analysis.json"]
     paths.write_atomic(directory / "table.md", table)
-    paths.write_atomic(directory / "table.csv", to_csv(ctx.sweep, recs))
+    paths.write_atomic(directory / "table.csv", to_csv(sweep, recs))
     paths.write_atomic(directory / "results.json", json.dumps(document, indent=2) + "\n")
     if source["origin"] != records.FROM_RESULTS:
         records.write(directory / records.NAME, doc)
@@ -115,28 +112,3 @@ def collect(ctx: Context, runs, doc: dict, directory) -> int:
     print(table, end="")
     print(f"\nwritten: {directory}/{', '.join(written)}")
     return exitcodes.OK
-
-
-# ---------------------------------------------------------------------------------------------
-# Where the records come from: a file instead of the root
-
-
-def from_file(args, extra: list[str]) -> tuple[Context, list, dict, str]:
-    """(the sweep as the file's records describe it, its rows, the records, the file's folder) for
-    --from_records (a records.jsonl.gz collect wrote) or --from_results (a results.json)."""
-    if args.root:
-        raise UserError("--from_records and --from_results need no --root: the records name it; give one or the other.")
-    if args.from_records and args.from_results:
-        raise UserError("give --from_records or --from_results, not both.")
-    path = args.from_records or args.from_results
-    doc = records.read(path) if args.from_records else records.from_results(path)
-    found = doc["header"]
-    if args.profile and args.profile != found["profile"]:
-        raise UserError(f"{path} holds the {found['profile']} profile, not {args.profile}; leave out --profile.")
-    args.profile = found["profile"]
-    ctx = Context(args, list(found.get("extra", [])) or extra)
-    if ctx.sweep.name != found["sweep"]:
-        raise UserError(f"{path} holds records of the sweep {found['sweep']}, not {ctx.sweep.name}.")
-    rows = set(found["rows"])
-    runs = [run for run in ctx.sweep.select(args.only) if run.name in rows]
-    return ctx, runs, doc, str(paths.as_path(path).parent)

@@ -7,8 +7,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from experiments import stats
-from experiments.rows import FRACTIONS, LATE, Row, more_splits
+from experiments.analysis import stats
+from experiments.analysis.rows import FRACTIONS, LATE, Row, more_splits
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -135,7 +135,7 @@ def figures_columns(sweep, m: str) -> list[Column]:
 
 def comparison_columns(split: str, m: str) -> list[Column]:
     """The paired comparison with the baseline (compare): the matched base, Δ with its interval,
-    the t-test, the paper's Δ and the direction."""
+    the t-test, the paper's Δ and the paired view's verdict."""
     M = m.upper()
     ci = lambda r: r.ci[m] or [None, None]  # noqa: E731
     return [
@@ -158,17 +158,22 @@ def comparison_columns(split: str, m: str) -> list[Column]:
             lambda r: [fmt(r.t[m], 3), fmt(r.df[m]), fmt(r.p[m], 4)],
         ),
         same(f"Δ{M} paper", lambda r: signed(r.delta_paper[m])),
-        Column(f"{M} direction", (f"{M} direction vs paper",), lambda r: r.direction[m], lambda r: [r.direction[m]]),
+        Column(
+            f"{M} verdict, paired (uncorrected)",
+            (f"{M} paired verdict (uncorrected)",),
+            lambda r: r.direction[m],
+            lambda r: [r.direction[m]],
+        ),
     ]
 
 
 def convergence_columns(m1: str) -> list[Column]:
-    """The first metric's direction along training, and how much it fell late."""
+    """The first metric's paired verdict along training, and how much it fell late."""
     fractions = " → ".join(fraction(f) for f in FRACTIONS)
     return [
         Column(
-            f"{m1} direction at {fractions} of the steps",
-            tuple(f"{m1} direction at {fraction(f)}" for f in FRACTIONS),
+            f"{m1} paired verdict at {fractions} of the steps",
+            tuple(f"{m1} paired verdict at {fraction(f)}" for f in FRACTIONS),
             lambda r: " → ".join(r.along),
             lambda r: r.along or [""] * len(FRACTIONS),
         ),

@@ -116,20 +116,6 @@ def reference_sign(difference: float | None, base: float | None, noise: dict) ->
     return 1 if difference > 0 else -1
 
 
-def verdict(ours: int | None, reference: int | None, pairs: int) -> str:
-    """agree / disagree / tie (ours within noise) for a reference direction; for a reference tie,
-    'paper tie' and ours; '1 seed' (with the raw sign's verdict) where no SE exists."""
-    if reference is None:
-        return ""
-    if pairs < 2 or ours is None:
-        return "1 seed"
-    if reference == 0:
-        return "paper tie, ours tie" if ours == 0 else "paper tie, ours not"
-    if ours == 0:
-        return "tie"
-    return "agree" if ours == reference else "disagree"
-
-
 def late_fall(curve: dict[int, float], total_steps: int, last: float = 0.2) -> float | None:
     """How much a learning curve ({step: dev PPL}) fell in the last `last` of the training steps,
     relative to where it was: (value at the last point at or before (1 - last) x total_steps -
@@ -160,6 +146,7 @@ def at_fraction(curve: dict[int, float], total_steps: int, fraction: float) -> f
 SCREEN_ALPHA = 0.01  # a row whose variance exceeds the pool of the others' at this level is tested alone (Welch)
 MARGINS = (0.02, 0.05, 0.10)  # equivalence margins, as relative changes of the metric (log(1 + m) on the log scale)
 AGREES, DISAGREES, EQUIVALENT, INCONCLUSIVE = "agrees", "disagrees", "equivalent", "inconclusive"
+VERDICTS = (AGREES, DISAGREES, EQUIVALENT, INCONCLUSIVE)  # the only words a verdict is written in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,10 +286,11 @@ def holm(pvalues: dict[str, float]) -> dict[str, float]:
     return dict(zip(rows, (float(p) for p in multipletests(clean, method="holm")[1])))
 
 
-def plan_verdict(difference: int, equivalent: bool, reference: int) -> str:
-    """The plan's verdict for a row. `difference`: the sign of a difference significant after Holm's
-    correction, 0 if not; `equivalent`: the TOST family's verdict after Holm's; `reference`: the
-    reference's direction, 0 for its tie.
+def verdict(difference: int, equivalent: bool, reference: int) -> str:
+    """A row's verdict, the one rule of every table, figure and JSON: the plan's (its Holm-corrected
+    tests) and the uncorrected paired view's (no equivalence test: `equivalent` False) alike.
+    `difference`: the sign of a significant difference, 0 if not; `equivalent`: the equivalence
+    (TOST) test's verdict; `reference`: the reference's direction, 0 for its tie.
     - The reference shows a direction: agrees / disagrees by the sign of a significant difference
       (significant and inside the margin too: the sign decides; the table shows the estimate
       beside the margin); else equivalent (ours inside the margin where the reference moved);

@@ -3,9 +3,9 @@ reference's noise, convergence, the plateau), and the headline count of rows tha
 
 from __future__ import annotations
 
-from experiments import stats
-from experiments.cells import first_metric, fraction, share
-from experiments.rows import FRACTIONS, LATE, Row, more_splits
+from experiments.analysis import stats
+from experiments.analysis.cells import first_metric, fraction, share
+from experiments.analysis.rows import FRACTIONS, LATE, Row, more_splits
 
 
 def footer(sweep, source: dict, recs: list[Row], gaps: list[str] = ()) -> list[str]:
@@ -75,7 +75,8 @@ def statistics_note(sweep) -> str:
         f"in a finished sweep; the {sweep.baseline} row's own mean is over all of its seeds, including those no "
         f"row is paired with); 95% CI = Δ ± t(0.975, df) x SE, SE = sd of the paired differences / "
         f"sqrt(pairs). Ours is a direction where a two-sided paired t-test on those differences (scipy.stats."
-        f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}, a tie otherwise."
+        f"ttest_rel, df = pairs - 1) gives p < {stats.ALPHA:g}; its verdict is inconclusive otherwise (only an "
+        f"equivalence test, in the analysis plan, can say equivalent)."
     )
 
 
@@ -107,7 +108,7 @@ def convergence_note(sweep, recs: list[Row]) -> str:
         f"Convergence, from the dev curves: '{m1} fall in the last {share(LATE)}' is how much a run's dev {m1} fell "
         f"over the last {share(LATE)} of its training steps, relative to its value then (at its last dev evaluation "
         f"at or before {share(1 - LATE)} of its steps), mean over seeds: 0% had levelled off, 10% still fell by a "
-        f"tenth, below 0 ended worse than it was. The {m1} direction is judged again "
+        f"tenth, below 0 ended worse than it was. The paired verdict is given again "
         f"(the same test, the same reference) at each run's last dev evaluation at or before "
         f"{', '.join(fraction(f) for f in FRACTIONS)} of its own steps (to where early stopping ended it, else "
         f"the cap). Runs whose training is over only."
@@ -130,30 +131,30 @@ def end_note(recs: list[Row]) -> str:
     )
 
 
-COUNTED = ("agree", "disagree", "tie")
-
-
 def count_line(recs: list[Row], m: str) -> str | None:
-    """The headline: how many rows agree with the paper's direction, pilot rows left out."""
+    """The headline of the uncorrected paired view: how many rows agree with the paper's direction,
+    pilot rows and the paper's ties left out (a tie cannot agree without an equivalence test)."""
     judged = [r for r in recs if r.direction[m]]
     pilots = [r for r in judged if r.pilot]
     rows = [r for r in judged if not r.pilot]
-    counted = [r for r in rows if r.direction[m] in COUNTED]
-    verdicts = [r.direction[m] for r in counted]
-    beyond = "a paper difference beyond its noise"
-    singles = [r for r in rows if r.direction[m] != "1 seed: paper tie"]  # a paper tie cannot agree
-    if singles and all(r.direction[m].startswith("1 seed") for r in rows):
-        agree = sum(r.direction[m] == "1 seed: agree" for r in singles)
-        lead = f"{m.upper()} direction as the paper's (single seeds, no spread)"
-        return f"{lead}: {agree} of the {len(singles)} rows with {beyond}."
     if not rows:
         return None
+    directed = [r for r in rows if r.reference[m]]
+    beyond = "a paper difference beyond its noise"
+    if directed and all(r.pairs[m] < 2 for r in rows):  # single seeds: no spread, only the raw sign
+        agree = sum(r.delta_ours[m] != 0 and (r.delta_ours[m] > 0) == (r.reference[m] > 0) for r in directed)
+        lead = f"{m.upper()} direction as the paper's (single seeds, no spread: the raw sign, no verdict)"
+        return f"{lead}: {agree} of the {len(directed)} rows with {beyond}."
+    counted = [r for r in directed if r.pairs[m] >= 2]
     if not counted:
         return f"{m.upper()} direction as the paper's: no row has 2 or more paired seeds and {beyond}."
+    verdicts = [r.direction[m] for r in counted]
     text = (
-        f"{m.upper()} direction as the paper's (paired t-test, p < {stats.ALPHA:g}): {verdicts.count('agree')} "
-        f"agree, {verdicts.count('tie')} tie, {verdicts.count('disagree')} disagree, of the {len(counted)} rows with "
-        f"2 or more paired seeds where the paper's difference is not a tie ({', '.join(r.row for r in counted)})"
+        f"{m.upper()} direction as the paper's (the uncorrected paired view: a paired t-test, p < {stats.ALPHA:g}, "
+        f"no correction for the rows compared): "
+        + ", ".join(f"{verdicts.count(v)} {v}" for v in stats.VERDICTS if v != stats.EQUIVALENT)
+        + f", of the {len(counted)} rows with 2 or more paired seeds where the paper's difference is not a tie "
+        f"({', '.join(r.row for r in counted)})"
     )
     if pilots:
         text += (

@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 import re
 
-from experiments import analysis
-from experiments.context import Context
-from experiments.rows import Row, dev_curves, gather, trained
+from experiments.analysis import plans
+from experiments.analysis.rows import Row, dev_curves, gather, trained
 from fxformer import exitcodes, png
 
 
@@ -30,17 +29,18 @@ def group_of(name: str) -> str:
     return re.sub(r"\d+$", "", name)
 
 
-def plot(ctx: Context, runs, doc: dict, directory) -> int:
-    recs = gather(ctx, runs, doc)
+def plot(sweep, runs, doc: dict, directory) -> int:
+    """delta.png, params.png and (where the records hold learning curves) curves.png of `runs`."""
+    recs = gather(sweep, runs, doc)
     directory.mkdir(parents=True, exist_ok=True)
-    judged = analysis.judge(ctx.sweep, doc, analysis.Plan.of(ctx.sweep)) if ctx.sweep.plan else []
-    delta = delta_figure(ctx, recs, directory / "delta.png", {j.row: j for j in judged})
-    written = [delta, params_figure(ctx, recs, directory / "params.png")]
+    judged = plans.judge(sweep, doc, plans.Plan.of(sweep)) if sweep.plan else []
+    delta = delta_figure(sweep, recs, directory / "delta.png", {j.row: j for j in judged})
+    written = [delta, params_figure(sweep, recs, directory / "params.png")]
     by_row: dict[str, list[dict]] = {}
     for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
         by_row.setdefault(rep["row"], []).append(rep)
     if any(dev_curves(reps, "dev_ppl") for reps in by_row.values()):
-        written.append(curves_figure(ctx, runs, by_row, directory / "curves.png"))
+        written.append(curves_figure(sweep, runs, by_row, directory / "curves.png"))
     print("written: " + ", ".join(str(p) for p in written))
     return exitcodes.OK
 
@@ -85,7 +85,7 @@ def positions(recs: list[Row]) -> tuple[list[float], list[tuple[str, float, floa
 VERDICT_COLORS = {"agrees": "tab:green", "disagrees": "tab:red", "equivalent": "tab:blue", "inconclusive": "0.45"}
 
 
-def planned(j: analysis.Judged | None) -> tuple[float | None, float | None, float | None]:
+def planned(j: plans.Judged | None) -> tuple[float | None, float | None, float | None]:
     """The plan's estimate of a row as percentages: (exp(Δ) - 1, and of the CI's ends)."""
     if j is None or j.estimate is None:
         return None, None, None
@@ -102,19 +102,18 @@ def noise_band(sweep, base: Row | None, metric: str) -> float | None:
     return None
 
 
-def tick(rec: Row, j: analysis.Judged | None) -> str:
+def tick(rec: Row, j: plans.Judged | None) -> str:
     """A row's label on the y axis: its name, '(pilot)', and its verdict under the plan."""
     name = f"{rec.row} (pilot)" if rec.pilot else rec.row
     return f"{name}: {j.verdict}" if j is not None and j.verdict else name
 
 
-def delta_figure(ctx: Context, recs: list[Row], path, judged: dict | None = None):
+def delta_figure(sweep, recs: list[Row], path, judged: dict | None = None):
     plt = png.pyplot()
     judged = judged or {}
-    profile = ctx.profile.partition(":")[0]  # a profile's folder is a local path: not in the figure
+    profile = sweep.profile.partition(":")[0]  # a profile's folder is a local path: not in the figure
     from matplotlib.transforms import blended_transform_factory
 
-    sweep = ctx.sweep
     base = next((r for r in recs if r.row == sweep.baseline), None)
     others = [r for r in recs if r.row != sweep.baseline]
     places, groups = positions(others)
@@ -217,10 +216,9 @@ def bar_label(ax, y: float, value: float | None, end: float | None, cut: bool = 
 # params.png
 
 
-def params_figure(ctx: Context, recs: list[Row], path):
+def params_figure(sweep, recs: list[Row], path):
     plt = png.pyplot()
 
-    sweep = ctx.sweep
     metric = next(iter(sweep.metrics))
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     panels = []
@@ -235,10 +233,10 @@ def params_figure(ctx: Context, recs: list[Row], path):
                 log_axis(ax.yaxis, subs=tuple(range(1, 10)))
         ax.set_xlabel("parameters (millions, log scale)")
         ax.set_ylabel(f"dev {metric.upper()}" + (" (log scale)" if metric == "ppl" else ""))
-        ax.set_title(f"ours, {ctx.profile.partition(':')[0]} (mean ± sd over seeds)" if side == "ours" else "paper")
+        ax.set_title(f"ours, {sweep.profile.partition(':')[0]} (mean ± sd over seeds)" if side == "ours" else "paper")
         ax.margins(x=0.15, y=0.12)
         panels.append((ax, points))
-    fig.suptitle(f"{sweep.name} ({ctx.profile.partition(':')[0]}): dev {metric.upper()} against parameters")
+    fig.suptitle(f"{sweep.name} ({sweep.profile.partition(':')[0]}): dev {metric.upper()} against parameters")
     fig.tight_layout()
     for ax, points in panels:
         place_labels(ax, points)
@@ -344,10 +342,9 @@ def seed_lines(reps: list[dict], key: str = "dev_ppl") -> list[tuple[list[int], 
     return out
 
 
-def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
+def curves_figure(sweep, runs, by_row: dict[str, list[dict]], path):
     plt = png.pyplot()
 
-    sweep = ctx.sweep
     groups = []
     for run in runs:
         if run.name != sweep.baseline and group_of(run.name) not in groups:
@@ -373,7 +370,7 @@ def curves_figure(ctx: Context, runs, by_row: dict[str, list[dict]], path):
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     what = "dev perplexity during training (mean over seeds to where the first ended, band min-max; thin: each seed)"
-    fig.suptitle(f"{sweep.name} ({ctx.profile.partition(':')[0]}): {what}")
+    fig.suptitle(f"{sweep.name} ({sweep.profile.partition(':')[0]}): {what}")
     fig.tight_layout()
     return png.save(fig, path)
 
@@ -386,7 +383,7 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     """Two tables of one sweep side by side (experiments.regime): per row judged in both, left its
     difference from the baseline in each table and the reference's, right the interaction (how
     that difference moves from `first` to `second`) with its 95% CI. `first`, `second`:
-    (name, {row: analysis.Judged}); `moved`: {row: stats.Contrast}; `noise`: the reference's
+    (name, {row: plans.Judged}); `moved`: {row: stats.Contrast}; `noise`: the reference's
     noise band, percent. A mark or interval end beyond the cut (`cut_at`) is drawn at it, and its
     label gives the whole estimate and interval, « or » on the side beyond the cut."""
     plt = png.pyplot()

@@ -6,11 +6,9 @@ baseline (experiments.stats), the reference's figures, and its convergence from 
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 
-from experiments import records, stats
-from experiments.context import Context
+from experiments.analysis import stats
 from fxformer.config import dotted_keys, lookup
 from fxformer.errors import UserError
 
@@ -70,7 +68,8 @@ class Row:
     p: dict = dataclasses.field(default_factory=dict)
     ci: dict = dataclasses.field(default_factory=dict)
     delta_paper: dict = dataclasses.field(default_factory=dict)
-    direction: dict = dataclasses.field(default_factory=dict)
+    reference: dict = dataclasses.field(default_factory=dict)  # the reference's direction: +1, -1, 0 (its tie)
+    direction: dict = dataclasses.field(default_factory=dict)  # the uncorrected paired view's verdict
     along: list[str] = dataclasses.field(default_factory=list)  # the direction at FRACTIONS of the steps
 
 
@@ -79,12 +78,11 @@ def more_splits(sweep) -> list[str]:
     return [split for split, _ in sweep.evaluations()[1:]]
 
 
-def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
-    """One record per row of `runs`: its changes versus the baseline, state, per-seed results on
-    every split, their mean and sd, the paired comparison with the baseline, the reference's
-    figures and its convergence; from `doc` (the sweep's records), else from the root."""
-    sweep = ctx.sweep
-    doc = doc if doc is not None else records.from_root(ctx, runs)
+def gather(sweep, runs, doc: dict) -> list[Row]:
+    """One record per row of `runs` (rows of `sweep`): its changes versus the baseline, state,
+    per-seed results on every split, their mean and sd, the paired comparison with the baseline,
+    the reference's figures and its convergence; from `doc`, the sweep's records."""
+    extra = tuple(doc["header"].get("extra", ()))
     by_row: dict[str, list[dict]] = {}
     for rep in sorted(doc["replicates"], key=lambda r: r["seed"]):
         by_row.setdefault(rep["row"], []).append(rep)
@@ -93,7 +91,7 @@ def gather(ctx: Context, runs, doc: dict | None = None) -> list[Row]:
     # a row's config as its records hold it; a row without records resolved from the sweep without its
     # profile's data folder, so that a records file rebuilds the table on a machine with no data files
     configs = {
-        run.name: recorded_config(by_row.get(run.name, [])) or run.without_folder(sweep.profile).resolved(ctx.extra)
+        run.name: recorded_config(by_row.get(run.name, [])) or run.without_folder(sweep.profile).resolved(extra)
         for run in chosen
     }
     rows = {
@@ -209,7 +207,8 @@ def end_above_lowest(points: dict[int, float]) -> float | None:
 
 
 def compare(sweep, rec: Row, base: Row | None) -> None:
-    """The row against the baseline, per metric: the paired test and both directions."""
+    """The row against the baseline, per metric: the paired test, the reference's direction and the
+    paired view's verdict."""
     is_base = base is None or rec is base
     for m in sweep.metrics:
         test = stats.Paired() if is_base else stats.paired(rec.seeds[m], base.seeds[m])
@@ -219,20 +218,17 @@ def compare(sweep, rec: Row, base: Row | None) -> None:
         paper, base_paper = rec.paper[m], base.paper[m] if base else None
         rec.delta_paper[m] = None if paper is None or base_paper is None or is_base else paper - base_paper
         reference = stats.reference_sign(rec.delta_paper[m], base_paper, sweep.noise.get(m, {}))
-        rec.direction[m] = "" if rec.row == sweep.baseline else judge(test, reference)
+        rec.reference[m] = None if is_base else reference
+        rec.direction[m] = "" if rec.row == sweep.baseline else paired_verdict(test, reference)
 
 
-def judge(test: stats.Paired, reference: int | None) -> str:
-    """Our direction against the reference's (the rule: experiments.stats)."""
+def paired_verdict(test: stats.Paired, reference: int | None) -> str:
+    """The uncorrected paired view's verdict (stats.verdict, with no equivalence test: a difference
+    the paired t-test does not find, or cannot test with one pair, is inconclusive, never
+    equivalent); "" where the reference has no figure or no seed is paired."""
     if test.mean is None or reference is None:
         return ""
-    if test.pairs < 2:  # no spread to judge by: the raw sign, marked
-        if test.mean == 0 or math.isnan(test.mean):
-            raw = "tie"
-        else:
-            raw = "agree" if (test.mean > 0) == (reference > 0) else "disagree"
-        return f"1 seed: {raw}" if reference else "1 seed: paper tie"
-    return stats.verdict(stats.sign(test), reference, test.pairs)
+    return stats.verdict(stats.sign(test) or 0, False, reference)
 
 
 def along(sweep, rec: Row, base: Row | None, reps: list[dict], base_reps: list[dict]) -> list[str]:
@@ -249,7 +245,7 @@ def along(sweep, rec: Row, base: Row | None, reps: list[dict], base_reps: list[d
     for f in FRACTIONS:
         ours = at_fraction(row_curves, rec.ends, rec.total_steps, f)
         theirs = at_fraction(base_curves, base.ends, base.total_steps, f)
-        out.append(judge(stats.paired(ours, theirs), reference) or "?")
+        out.append(paired_verdict(stats.paired(ours, theirs), reference) or "?")
     return out
 
 
