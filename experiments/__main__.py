@@ -13,6 +13,7 @@
     restore  a sweep moved to a new machine: its finished runs from the committed records (no checkpoints)
 
     regime   two sweeps' records side by side: each row's change from its baseline in both, and how it moves
+    freeze   the numbers an analysis plan freezes from its noise pilot's records (sd, seeds, margin, power)
 
 Running (launch, the backends, the sweep runner and its workers, status) is this package's top level;
 analysing (records, statistics, the plans' verdicts, tables, figures, the regime comparison) is
@@ -26,7 +27,7 @@ from __future__ import annotations
 import sys
 
 from experiments import launch, runner
-from experiments.analysis import regime
+from experiments.analysis import freeze, regime
 from fxformer import exitcodes
 from fxformer.errors import UserError
 
@@ -36,13 +37,13 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return exitcodes.OK if argv else exitcodes.USER_ERROR
     verb, rest = argv[0], argv[1:]
-    verbs = {**launch.VERBS, **runner.VERBS, "regime": regime.main}
+    verbs = {**launch.VERBS, **runner.VERBS, "regime": regime.main, "freeze": freeze.main}
     if verb not in verbs:
         print(f"error: unknown verb '{verb}'; choose one of {', '.join(verbs)}.", file=sys.stderr)
         return exitcodes.USER_ERROR
     try:
-        if verb == "regime":
-            return regime.main(rest)
+        if verb in ("regime", "freeze"):
+            return verbs[verb](rest)
         return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

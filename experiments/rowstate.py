@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from etils import epath
 
 from experiments.cli import flag_value, read_json
-from fxformer import configfile, metrics, paths
+from fxformer import configfile, early, metrics, paths
 from fxformer.config import load_workdir_config
 
 DEFAULT_LEASE_S = 300.0
@@ -168,7 +168,7 @@ def read(
         row.decode = configfile.decode_changes(config, configfile.overrides(decode_flags), w)
         row.average = int(flag_value(list(eval_flags), "average_last") or config.average_last)
         c = row.config
-        plateau = metrics.early_end(
+        plateau = early.ended_at(
             w, c["best_metric"], c["early_stopping_patience"], logged, c.get("early_stopping_min_delta", 0.0)
         )
         row.early_end = plateau or row.status.get("early_end")  # or, restored from records, what they told

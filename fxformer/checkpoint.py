@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Sequence
 from typing import Literal
 
 import grain
@@ -275,29 +274,15 @@ def kept_params(
 class Best:
     """The parameters with the best dev metric so far, in `W/best/<step>` (model selection on dev),
     kept apart from the rotating last K: lower is better for perplexity and loss, higher for
-    accuracy and BLEU. A resumed run keeps competing with the best saved before. Early stopping
-    counts the evaluations since the last improvement (`stale`): one better than the last
-    improvement by at least `min_delta` of it (0: any better one; `metrics.plateau_counts`)."""
+    accuracy and BLEU. A resumed run keeps competing with the best saved before (early stopping,
+    which counts the same evaluations, is `fxformer.early`'s)."""
 
-    def __init__(
-        self,
-        directory: paths.PathLike,
-        metric: str,
-        resume_step: int,
-        logged: Sequence[dict] = (),
-        min_delta: float = 0.0,
-    ):
-        """`logged`: the run's metrics up to `resume_step`, whose dev evaluations count towards
-        early stopping again (a run that stopped early stays stopped)."""
+    def __init__(self, directory: paths.PathLike, metric: str, resume_step: int):
+        """A best saved after `resume_step` (after the last checkpoint) is removed: the resumed run
+        retraces that future."""
         self.metric = metric
-        self.min_delta = min_delta
         self.manager = open_manager(directory, keep=1, asynchronous=False) if metric else None
         self.value = None
-        # the dev metric's values the plateau is counted over: every one logged up to the resume, whether or
-        # not the best parameters were kept (a best saved after the last checkpoint is removed below)
-        self.evaluations = [
-            line[metric] for line in logged if metric and metric in line and line["step"] <= resume_step
-        ]
         if self.manager is not None and self.manager.latest_step() is not None:
             step = self.manager.latest_step()
             meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -306,22 +291,15 @@ class Best:
             else:
                 self.value = meta["value"]
 
-    @property
-    def stale(self) -> int:
-        """Dev evaluations since the last improvement, for early stopping."""
-        higher = self.metric in metrics.HIGHER_IS_BETTER
-        return metrics.plateau_counts(self.evaluations, higher, self.min_delta)[-1] if self.evaluations else 0
-
     def better(self, value: float) -> bool:
         if self.value is None:
             return True
         return value > self.value if self.metric in metrics.HIGHER_IS_BETTER else value < self.value
 
     def offer(self, step: int, metrics: dict, params, log=print) -> None:
-        """Keep `params` if `metrics[metric]` beats the best so far; count it for early stopping."""
+        """Keep `params` if `metrics[metric]` beats the best so far."""
         if self.manager is None or self.metric not in metrics:
             return
-        self.evaluations.append(float(metrics[self.metric]))
         if not self.better(metrics[self.metric]):
             return
         self.value = float(metrics[self.metric])

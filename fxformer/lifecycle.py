@@ -202,21 +202,6 @@ def stopped_by(early: str, stop: StopRequest, progress: Progress) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Early stopping
-
-
-def plateau(config: ml_collections.ConfigDict, best: checkpoint.Best, step: int) -> str:
-    """Why early stopping ends the run at `step` ("" if it goes on): `early_stopping_patience` dev
-    evaluations have passed without a better one (better by `early_stopping_min_delta` of the last
-    improvement, if set; at the last step the run ends anyway)."""
-    patience = config.early_stopping_patience
-    if patience and best.stale >= patience and step < config.num_train_steps:
-        by = f" by {100 * config.early_stopping_min_delta:g}%" if config.early_stopping_min_delta else ""
-        return f"no better {best.metric}{by} in {patience} dev evaluations (early stopping)"
-    return ""
-
-
-# ---------------------------------------------------------------------------------------------
 # Divergence
 
 

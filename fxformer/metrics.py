@@ -1,5 +1,6 @@
 """Where a run's numbers go (`W/metrics.jsonl`, TensorBoard event files without TensorFlow, the
-console), and how they are read back: the logged lines, the dev plateau that early stopping counts.
+console), and how they are read back: the logged lines (early stopping counts its plateau from them:
+`fxformer.early`).
 
 `metrics.jsonl` is written through `etils.epath` (object stores cannot append, so each write
 replaces the whole small file, atomically); the event files through tensorboardX, whose writers
@@ -13,7 +14,6 @@ import io
 import json
 import math
 import time
-from collections.abc import Sequence
 
 from fxformer import paths
 from fxformer.timefmt import duration
@@ -38,37 +38,6 @@ def logged(workdir: paths.Workdir, up_to: int | None = None) -> list[dict]:
         return []
     kept = lambda step: step is not None and (up_to is None or step <= up_to)  # noqa: E731
     return [json.loads(line) for line in workdir.metrics.read_text().splitlines() if kept(step_of(line))]
-
-
-def plateau_counts(values: Sequence[float], higher: bool, min_delta: float = 0.0) -> list[int]:
-    """After each dev evaluation of `values` (in order), how many have passed since the last
-    improvement: a value better than the reference (the last improvement's value; the first value
-    is one) by at least `min_delta` of it (0.01: 1%; 0: any better value counts)."""
-    counts, reference, count = [], None, 0
-    for value in values:
-        better = reference is None or (value > reference if higher else value < reference)
-        if better and (reference is None or abs(value - reference) >= min_delta * abs(reference)):
-            reference, count = value, 0
-        else:
-            count += 1
-        counts.append(count)
-    return counts
-
-
-def early_end(
-    workdir: paths.Workdir, metric: str, patience: int, lines: list[dict] | None = None, min_delta: float = 0.0
-) -> int | None:
-    """The step at which early stopping ended the run in `workdir`: the `patience`-th dev
-    evaluation of `metric` without an improvement (`plateau_counts` with `min_delta`), when the
-    run's evaluations end in such a streak; or None. `lines`: `logged(workdir)` if the caller
-    has read it already."""
-    if not metric or patience <= 0 or not paths.complete_steps(workdir.best):  # no best/: nothing was counted
-        return None
-    evals = [line for line in (logged(workdir) if lines is None else lines) if metric in line]
-    counts = plateau_counts([line[metric] for line in evals], metric in HIGHER_IS_BETTER, min_delta)
-    if not counts or counts[-1] < patience:
-        return None
-    return evals[len(evals) - 1 - (counts[-1] - patience)]["step"]
 
 
 class MetricWriter:

@@ -31,6 +31,7 @@ from fxformer import checkpoint, cli, exitcodes, inference, lifecycle, metrics, 
 from fxformer.config import check_workdir_config, load_workdir_config, validate, write_workdir_config
 from fxformer.data import corpora, pipeline, token_ids, tokenized
 from fxformer.data.tokenizer import tokenizer_for
+from fxformer.early import EarlyStopping
 from fxformer.errors import UserError
 from fxformer.lifecycle import StopRequest
 from fxformer.metrics import MetricWriter, Progress, window_metrics
@@ -160,23 +161,27 @@ class Books:
     start_step: int
     writer: MetricWriter
     best: checkpoint.Best
+    stopping: EarlyStopping
     watch: lifecycle.DivergenceWatch
     progress: Progress
     recorded: bool  # config.json says this run's config (a new run at once, a resume once it saved)
     pending: list = dataclasses.field(default_factory=list)  # metrics of steps not yet logged (device or host)
     last_save: float = dataclasses.field(default_factory=time.time)
-    early: str = ""  # why early stopping ended the run
+    early: str = ""  # why early stopping ends the run ("": it goes on)
 
     @classmethod
     def start(cls, config: ml_collections.ConfigDict, workdir: paths.Workdir, start_step: int, vocab_size: int):
         """The books of a run that starts (or resumes) at `start_step`: its metrics so far count."""
         logged = metrics.logged(workdir, up_to=start_step)
         writer = MetricWriter(workdir, logged, start_step, enabled=jax.process_index() == 0)
+        stopping = EarlyStopping.of(config, logged, start_step)
         return cls(
             step=start_step,
             start_step=start_step,
             writer=writer,
-            best=checkpoint.Best(workdir.best, config.best_metric, start_step, logged, config.early_stopping_min_delta),
+            best=checkpoint.Best(workdir.best, config.best_metric, start_step),
+            stopping=stopping,
+            early=stopping.reason(start_step),  # a resumed run that early stopping had ended
             watch=lifecycle.DivergenceWatch(config.divergence_factor, vocab_size, logged, start_step),
             progress=Progress(writer.last(), 60 * config.train_minutes),
             recorded=start_step == 0,
@@ -190,6 +195,12 @@ class Books:
         if self.progress.window is None:  # the first step compiles; measure speed from the second on
             jax.block_until_ready(step_metrics)
             self.progress.first_step(self.step)
+
+    def evaluated(self, logged: dict, params, log) -> None:
+        """A dev evaluation at this step: its parameters kept if they are the best so far, and
+        early stopping asked whether the run ends here (`fxformer.early`)."""
+        self.best.offer(self.step, logged, params, log)
+        self.early = self.stopping.observe(self.step, logged)
 
     def save_for_time(self, config: ml_collections.ConfigDict) -> bool:
         """Whether `checkpoint_every_minutes` have passed since the last save."""
@@ -257,8 +268,7 @@ def train_loop(run: Run, state: TrainState, books: Books, stop: StopRequest, log
         logged, steps = fetch(books, run.manager) if due.log else ({}, 0)  # a diverged loss stops the run here
         if due.dev_loss or due.dev_bleu:
             logged.update(run.dev(state.params, loss=due.dev_loss, bleu=due.dev_bleu))
-            books.best.offer(books.step, logged, state.params, log)  # the best parameters so far, kept
-            books.early = lifecycle.plateau(config, books.best, books.step)
+            books.evaluated(logged, state.params, log)
             if books.early:
                 due = due._replace(save=True, stop=True)
 
@@ -277,7 +287,6 @@ def ready_to_train(run: Run, state: TrainState, books: Books, stop: StopRequest,
     False where there is nothing to train: early stopping had ended the run, or a signal came while
     it prepared (a time budget spent preparing still lets one step train and save: resumes move on)."""
     make_up_evaluation(run, state.params, books, log)
-    books.early = books.early or lifecycle.plateau(run.config, books.best, books.step)
     if books.early:  # a resumed run that early stopping had ended
         log(f"{run.workdir} ended at step {books.step}: {books.early}; nothing to train")
         return False
@@ -306,8 +315,7 @@ def make_up_evaluation(run: Run, params, books: Books, log) -> None:
     if not (dev_loss or dev_bleu):
         return
     logged = run.dev(params, loss=dev_loss, bleu=dev_bleu)
-    books.best.offer(step, logged, params, log)
-    books.early = lifecycle.plateau(config, books.best, step)
+    books.evaluated(logged, params, log)
     books.writer.amend(step, logged)
     shown = ", ".join(f"{k} {v:.4g}" for k, v in logged.items() if k in ("dev_ppl", "dev_bleu"))
     log(f"step {step}: the dev evaluation its stop passed over, made up: {shown}")

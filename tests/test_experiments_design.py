@@ -136,6 +136,9 @@ def test_the_experiments_import_graph_has_no_cycle_and_never_runs_back_up():
     assert not upward, f"imports that run back up: {upward}"
     # the rule is live: the analysis half importing the launcher's context would be refused
     assert "experiments.context" in forbidden("experiments.analysis.rows", set(graph))
+    assert {"experiments.backends.local", "experiments.backends.tpu"} <= forbidden(
+        "experiments.analysis.figures", set(graph)
+    )
 
 
 # ---------------------------------------------------------------------------------------------

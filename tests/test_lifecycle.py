@@ -6,10 +6,9 @@ import errno
 import os
 import signal
 
-import numpy as np
 import pytest
 
-from fxformer import checkpoint, exitcodes, lifecycle, paths
+from fxformer import checkpoint, early, exitcodes, lifecycle, paths
 from fxformer.errors import UserError
 from fxformer.metrics import Progress
 
@@ -163,15 +162,14 @@ class Config(dict):
     __getattr__ = dict.__getitem__
 
 
-def test_early_stopping_says_why_and_lets_the_last_step_end_the_run_itself(tmp_path):
-    best = checkpoint.Best(tmp_path / "best", "dev_ppl", 0)
-    for step, ppl in ((2, 5.0), (4, 6.0), (6, 6.5)):
-        best.offer(step, {"dev_ppl": ppl}, {"w": np.ones(2, np.float32)}, log=lambda *a: None)
-    config = Config(early_stopping_patience=2, num_train_steps=10, early_stopping_min_delta=0.0)
-    assert lifecycle.plateau(config, best, 6) == "no better dev_ppl in 2 dev evaluations (early stopping)"
-    assert lifecycle.plateau(config, best, 10) == ""  # the last step ends the run anyway
-    assert lifecycle.plateau(Config(config, early_stopping_patience=3), best, 6) == ""
-    best.close()
+def test_early_stopping_says_why_and_lets_the_last_step_end_the_run_itself():
+    rule = early.EarlyStopping("dev_ppl", patience=2, min_delta=0.0, last_step=10)
+    said = [rule.observe(step, {"dev_ppl": ppl}) for step, ppl in ((2, 5.0), (4, 6.0), (6, 6.5))]
+    assert said == ["", "", "no better dev_ppl in 2 dev evaluations (early stopping)"]
+    assert rule.reason(10) == ""  # the last step ends the run anyway
+    assert early.EarlyStopping("dev_ppl", 3, 0.0, 10, rule.evaluations).reason(6) == ""
+    assert early.EarlyStopping("", 2, 0.0, 10).observe(6, {"dev_ppl": 9.0}) == ""  # no best_metric: never
+    assert rule.observe(8, {"loss": 1.0}) == said[-1]  # a log step without a dev value counts nothing
 
 
 def test_a_removed_workdir_loses_only_what_training_wrote_after_the_removal(tmp_path):

@@ -19,7 +19,9 @@ from test_train import read_tensorboard_scalars
 
 from fxformer import checkpoint, evaluate, paths, train
 from fxformer.config import with_overrides
-from fxformer.metrics import early_end, logged, plateau_counts
+from fxformer.early import counts as plateau_counts
+from fxformer.early import ended_at as early_end
+from fxformer.metrics import logged
 
 
 @pytest.fixture

@@ -88,3 +88,27 @@ def test_every_run_since_the_amendment_was_trained_by_code_that_descends_from_it
 def test_the_ancestry_check_refuses_a_run_of_older_code():
     old = runs(at(AMENDED, RECORDS[0]))[("base", 0)]  # the noise pilot's commit, before the amendment
     assert descends(AMENDED, old) and not descends(old, AMENDED)
+
+
+def test_the_frozen_numbers_are_what_freeze_prints_from_the_pilot():
+    """PLAN.md's "Frozen" figures are `experiments freeze`'s from the pilot's records; its sd
+    computed here again from the raw records with NumPy, and base's seeds as ceil(3 sqrt(8))."""
+    import math
+
+    import numpy as np
+
+    from experiments.analysis import freeze, records
+
+    pilot = REPO / FOLDER / "pilot" / "records.jsonl.gz"
+    lines = freeze.frozen(records.read(pilot), ["C1", "C3", "C5", "C7", "D1", "D2", "D3", "big"], 3)
+    _, *reps = (json.loads(line) for line in gzip.decompress(pilot.read_bytes()).decode().splitlines())
+    ppl = [r["evals"]["validation"]["ppl"] for r in reps if r["row"] == "base" and r["state"] == "finished"]
+    assert len(ppl) == 4 and math.ceil(3 * math.sqrt(8)) == 9
+    sd = float(np.std(np.log(ppl), ddof=1))
+    assert lines[1] == f"sd of log final dev PPL: {sd:.5f} (3 df)"
+    assert lines[2].startswith("seeds: base 9, rows 3; pooled df 24;")  # 9 + 8 x 3 - 9 means
+    plan = " ".join((REPO / PLAN).read_text().split())
+    assert f"sd of log final dev PPL {sd:.5f}** (3 df)" in plan
+    power = {m: line.split("power ")[1][:5] for m, line in zip(("2%", "5%", "10%"), lines[3:6])}
+    assert f"{power['2%']} at 2%, {power['5%']} at 5%, {power['10%']} at 10%" in plan
+    assert lines[-1] == "margin by the rule: 5%" and "**Margin by the rule: 5%**" in plan

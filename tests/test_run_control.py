@@ -5,12 +5,13 @@ averaged checkpoints, its metrics across a resume."""
 import json
 import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import env_with_devices, left_as_is, logged, run_module, run_train, snapshot, train_command
 
-from fxformer import exitcodes, metrics, paths, tokens
+from fxformer import early, exitcodes, metrics, paths, tokens
 from fxformer.data import pipeline
 
 
@@ -119,25 +120,29 @@ def test_metrics_record_tokens_seen_and_wall_time_across_a_resume(tmp_path, data
 
 def test_a_resume_before_the_best_checkpoint_still_counts_the_evaluations_logged_before_it(tmp_path):
     import jax.numpy as jnp
+    import ml_collections
 
     from fxformer import checkpoint
 
     # dev_ppl at steps 100, 200, 300 (min_delta 10%: neither later value is an improvement); the
     # best parameters are those of step 300, saved after the last training checkpoint (250)
     logged_lines = [{"step": 100, "dev_ppl": 10.0}, {"step": 200, "dev_ppl": 9.95}, {"step": 300, "dev_ppl": 9.9}]
+    rule = {"early_stopping_patience": 2, "early_stopping_min_delta": 0.1, "num_train_steps": 900}
+    config = ml_collections.ConfigDict({"best_metric": "dev_ppl", **rule})
     params = {"w": jnp.ones(3)}
-    first = checkpoint.Best(tmp_path / "best", "dev_ppl", 0, (), min_delta=0.1)
+    first, counted = checkpoint.Best(tmp_path / "best", "dev_ppl", 0), early.EarlyStopping.of(config, (), 0)
+    why = [counted.observe(line["step"], line) for line in logged_lines]
     for line in logged_lines:
         first.offer(line["step"], line, params, log=lambda *a: None)
-    assert first.stale == 2
+    assert counted.stale == 2 and why == ["", "", "no better dev_ppl by 10% in 2 dev evaluations (early stopping)"]
     first.close()
-    resumed = checkpoint.Best(tmp_path / "best", "dev_ppl", 250, logged_lines, min_delta=0.1)
+    resumed = checkpoint.Best(tmp_path / "best", "dev_ppl", 250)
     assert resumed.value is None and resumed.manager.latest_step() is None  # the future best: removed, retraced
-    assert resumed.evaluations == [10.0, 9.95] and resumed.stale == 1  # as the uninterrupted run counted at 250
     resumed.close()
-    kept = checkpoint.Best(tmp_path / "best2", "dev_ppl", 250, logged_lines, min_delta=0.1)
-    assert kept.evaluations == [10.0, 9.95]  # nothing kept at all: the same count
-    kept.close()
+    again = early.EarlyStopping.of(config, logged_lines, 250)
+    assert again.evaluations == [10.0, 9.95] and again.stale == 1  # as the uninterrupted run counted at 250
+    assert again.reason(250) == "" and again.observe(300, logged_lines[2]) == why[2]  # and ends where it did
+    assert early.EarlyStopping.of(config, logged_lines, 300).reason(900) == ""  # the last step ends anyway
 
 
 def trained_to_a_plateau(workdir, data_dir, **early_stopping) -> tuple[list[str], subprocess.CompletedProcess]:
@@ -159,7 +164,7 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     assert "early stopping" in result.stdout
     saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved < 200 and saved == max(logged(workdir, "dev_ppl"))
-    assert metrics.early_end(paths.Workdir(workdir), "dev_accuracy", 1) == saved
+    assert early.ended_at(paths.Workdir(workdir), "dev_accuracy", 1) == saved
     before = snapshot(workdir)
     again = subprocess.run(command, env=env_with_devices(1), capture_output=True, text=True)  # the same command
     assert again.returncode == exitcodes.OK, again.stderr[-2000:]
@@ -168,6 +173,53 @@ def test_early_stopping_ends_the_run_as_done_when_dev_stops_improving(tmp_path, 
     after = snapshot(workdir)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     assert not {k for k in changed if k.startswith(("checkpoints", "best", "metrics"))}, changed
+
+
+# the last commit whose code counted early stopping inside checkpoint.Best (before fxformer/early.py)
+BEFORE_EARLY_MODULE = "4567b0b18d1d2afb0e75c3bf9d991f4444803b85"
+
+
+def code_at(commit: str, into: Path) -> Path:
+    """fxformer/ and configs/ as they were at `commit`, written under `into`; skips where the
+    checkout lacks that commit (no git, or a shallow clone)."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        command = ["git", "-C", str(repo), "archive", commit, "fxformer", "configs"]
+        archive = subprocess.run(command, capture_output=True)
+    except FileNotFoundError:
+        archive = None
+    if archive is None or archive.returncode:
+        pytest.skip(f"{commit} is not in this checkout (no git, or a shallow clone)")
+    into.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+@pytest.mark.slow
+def test_a_workdir_written_before_early_stopping_moved_resumes_with_its_best_and_its_count(tmp_path, data_dir, corpus):
+    """A run the older code trained to step 4 (two dev evaluations counted, its best kept) goes on
+    under this code exactly as an uninterrupted run of this code: the same dev perplexities, early
+    stopping at the same step (it counts the older code's evaluations), the same best kept."""
+    rule = dict(eval_every_steps=2, checkpoint_every_steps=2, best_metric="dev_ppl", learning_rate_scale=1e-9)
+    rule.update(early_stopping_patience=2, early_stopping_min_delta=0.99)  # the plateau: the third evaluation
+    old = code_at(BEFORE_EARLY_MODULE, tmp_path / "old")
+    resumed, whole = tmp_path / "resumed", tmp_path / "whole"
+    env = {**env_with_devices(1), "PYTHONPATH": str(old)}
+    first = subprocess.run(
+        train_command(resumed, data_dir, num_train_steps=4, **rule), cwd=old, env=env, capture_output=True, text=True
+    )
+    assert first.returncode == exitcodes.OK, first.stderr[-2000:]
+    assert [p.name for p in (resumed / "best").iterdir() if p.name.isdigit()], "the older run kept no best"
+    results = [subprocess.run(train_command(w, data_dir, num_train_steps=200, **rule), env=env_with_devices(1),
+                              capture_output=True, text=True) for w in (resumed, whole)]  # fmt: skip
+    for result in results:
+        assert result.returncode == exitcodes.OK, result.stderr[-2000:]
+        assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping): saved step 6" in result.stdout
+    assert logged(resumed, "dev_ppl") == pytest.approx(logged(whole, "dev_ppl"), rel=1e-6)
+    kept = [[int(p.name) for p in (w / "best").iterdir() if p.name.isdigit()] for w in (resumed, whole)]
+    ppl = logged(whole, "dev_ppl")
+    assert kept[0] == kept[1] == [min(ppl, key=ppl.get)]
+    assert early.ended_at(paths.Workdir(resumed), "dev_ppl", 2, min_delta=0.99) == 6
 
 
 @pytest.mark.slow
@@ -189,7 +241,7 @@ def test_a_smallest_improvement_ends_the_run_while_the_best_parameters_stay_the_
     assert "no better dev_ppl by 99% in 2 dev evaluations (early stopping)" in result.stdout
     ppl = logged(workdir, "dev_ppl")
     assert list(ppl) == [2, 4, 6]
-    assert metrics.early_end(paths.Workdir(workdir), "dev_ppl", 2, min_delta=0.99) == 6
+    assert early.ended_at(paths.Workdir(workdir), "dev_ppl", 2, min_delta=0.99) == 6
     kept = [int(p.name) for p in (workdir / "best").iterdir() if p.name.isdigit()]
     assert min(ppl, key=ppl.get) != 2  # the 99% rule's one improvement is step 2: a lower point later tells them apart
     assert kept == [min(ppl, key=ppl.get)]  # model selection still takes any lower perplexity

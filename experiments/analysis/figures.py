@@ -257,7 +257,9 @@ def place_labels(ax, points: list[tuple[float, float, str]], fontsize: float = 8
     """Label each point (x, y, text) where its label overlaps no other label, no marker and stays
     inside the axes: the first free place of a ring of candidates around the point, further out
     ring by ring (with a leader line), else the least crowded one. The labels' boxes (display
-    coordinates), in order."""
+    coordinates), in order. Hand-written on purpose: adjustText 1.3.0 (its default forces, points
+    and leader lines given) was tried on the 6,000-pair table's params.png and left labels on
+    markers and error bars in the cluster of rows at 0.6M parameters, where this search leaves none."""
     from matplotlib.text import Text
 
     renderer = ax.figure.canvas.get_renderer()
@@ -394,6 +396,25 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
         1, 2, figsize=(12, 0.55 * len(rows) + 2.6), sharey=True, gridspec_kw={"width_ratios": [3.4, 2]}
     )
     sides = ((name_a, a, "tab:orange", "o", -0.22), (name_b, b, "tab:blue", "s", 0.0))
+    regime_changes(left, sides, rows, places, noise)
+    regime_interactions(right, moved, rows, places, name_a, name_b)
+    for ax in (left, right):
+        ax.grid(axis="x", alpha=0.3)
+    left.set_yticks(places, rows)
+    left.set_ylim(len(rows) - 0.5, -0.7)  # top to bottom, room above the first row's labels
+    height = fig.get_size_inches()[1]
+    handles, labels = left.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith("ours"), i))  # ours first
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(f"Table 3 in two regimes: {name_a} and {name_b}, dev perplexity")
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
+    return png.save(fig, path)
+
+
+def regime_changes(left, sides, rows: list[str], places: list[float], noise: float | None) -> None:
+    """The regime figure's left panel: each table's change versus base per row (`sides`: name,
+    {row: Judged}, colour, marker, offset), its verdict written beside it, the paper's marked."""
+    b = sides[-1][1]
     ours = [planned(table[row]) for _, table, *_ in sides for row in rows]
     paper = [100 * math.expm1(b[row].paper) if b[row].paper is not None else None for row in rows]
     limit = cut_at(ours, paper)
@@ -423,6 +444,10 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     cut_note = "" if limit is None else f"\nmarks and intervals beyond ±{limit:.3g}% drawn to it, their values written"
     left.set_xlabel(f"Δ dev PPL vs base, % of base (exp(Δ log PPL) - 1){cut_note}")
     left.set_title("each table's change versus base; the verdict under its plan", fontsize=10)
+
+
+def regime_interactions(right, moved: dict, rows: list[str], places: list[float], name_a: str, name_b: str) -> None:
+    """The regime figure's right panel: each row's interaction with its 95% CI (black: excludes 0)."""
     for y, row in zip(places, rows):
         c = moved[row]
         value, lo, hi = (100 * math.expm1(v) for v in (c.estimate, *c.interval()))
@@ -436,17 +461,6 @@ def regime_figure(first, second, moved: dict, path, noise: float | None = None):
     right.margins(x=0.2)
     right.set_xlabel(f"interaction, %\nexp(Δ log PPL in {name_b} - in {name_a}) - 1")
     right.set_title("the change with the regime, 95% CI (black: excludes 0)", fontsize=10)
-    for ax in (left, right):
-        ax.grid(axis="x", alpha=0.3)
-    left.set_yticks(places, rows)
-    left.set_ylim(len(rows) - 0.5, -0.7)  # top to bottom, room above the first row's labels
-    height = fig.get_size_inches()[1]
-    handles, labels = left.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith("ours"), i))  # ours first
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle(f"Table 3 in two regimes: {name_a} and {name_b}, dev perplexity")
-    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
-    return png.save(fig, path)
 
 
 def point_label(ax, text: str, value: float, low: float, high: float, y: float, color: str) -> None:

@@ -1,6 +1,6 @@
 """The Flax WMT example's training step beside fxformer's, on the same device, batch and dtype.
 
-    python3 experiments/gpu/peer.py --flax_wmt=.peer --config=configs/base.py --dtype=bfloat16 --batch=packed
+    python3 -m experiments.gpu.peer --flax_wmt=.peer --config=configs/base.py --dtype=bfloat16 --batch=packed
 
 `--flax_wmt` is a folder holding `models.py` of google/flax's `examples/wmt` (fetched, never
 part of this repository; 18f8f31 was read):
@@ -30,6 +30,7 @@ with `--json` the last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -40,11 +41,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from fxformer import bench, configfile, parallel  # noqa: E402
-from fxformer.config import with_overrides  # noqa: E402
+from fxformer import bench, configfile, parallel
+from fxformer.config import with_overrides
 
 
 def peer_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule:
@@ -131,11 +129,12 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    sys.path.insert(0, str(Path(args.flax_wmt).resolve()))
-    try:
-        import models  # the Flax example's models.py  # noqa: PLC0415
-    except ImportError:
+    models_py = Path(args.flax_wmt).resolve() / "models.py"  # the Flax example's models.py, loaded by its path
+    if not models_py.is_file():
         sys.exit(f"No models.py in {args.flax_wmt}: put google/flax's examples/wmt/models.py there (see {__file__}).")
+    spec = importlib.util.spec_from_file_location("flax_wmt_models", models_py)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
 
     overrides = {"model.dtype": args.dtype}
     for item in args.set:

@@ -68,7 +68,7 @@ variants() {  # variants NAME LATER SPEC...: one process of experiments/gpu/vari
   # compile no new variant once the time for what follows is reached (the peer 90 s, the tests 120 s)
   local budget=$(( LIMIT - $(elapsed) - ${RESERVE:-210} - later ))
   echo "=== $group: ${#chosen[@]} steps ($(elapsed) s, compiling for at most ${budget} s)"
-  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 150 )) $PY experiments/gpu/variants.py --config=$CONFIG \
+  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 150 )) $PY -m experiments.gpu.variants --config=$CONFIG \
     --set model.dtype=$DTYPE --set model.attention_impl=$ATTN "${VSHAPES[@]}" --steps=$STEPS --rounds=$ROUNDS \
     --budget_s=$budget --out=$OUT/bench.jsonl "${chosen[@]}" 2>&1) > /tmp/$group.log
   cat /tmp/$group.log >> $OUT/benches.log
@@ -80,7 +80,7 @@ variants kernels 0 "${KERNELS[@]}"
 # 3. the peer: the Flax WMT example's step and fxformer's, same process, packed batch
 if [ -z "$SKIP_PEER" ]; then
   PEERSET=(); for s in "${VSHAPES[@]}"; do [ "$s" != "--set" ] && PEERSET+=(--set "$s"); done
-  BENCH_TIMEOUT=${PEER_TIMEOUT:-150} bench peer "X=1" $PY experiments/gpu/peer.py --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
+  BENCH_TIMEOUT=${PEER_TIMEOUT:-150} bench peer "X=1" $PY -m experiments.gpu.peer --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
     --batch=packed --steps=$STEPS --rounds=$ROUNDS --json --set model.attention_impl=$ATTN "${PEERSET[@]}"
 fi
 [ -s $OUT/bench.jsonl ] && summary

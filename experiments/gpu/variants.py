@@ -2,7 +2,7 @@
 the machine falls on all of them alike (two runs of the same step, minutes apart, once differed
 by 2 ms on an H100).
 
-    python3 experiments/gpu/variants.py --config=configs/base.py --out=bench.jsonl \\
+    python3 -m experiments.gpu.variants --config=configs/base.py --out=bench.jsonl \\
         base:packed one_pass:packed:loss_impl=one_pass pallas:packed:segment_attention=pallas ...
 
 Each variant is NAME:BATCH[:KEY=VALUE,...], BATCH `full` or `packed` (`fxformer.bench.BATCHES`),
@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import traceback
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from fxformer import bench, configfile  # noqa: E402
-from fxformer.config import validate, with_overrides  # noqa: E402
+from fxformer import bench, configfile
+from fxformer.config import validate, with_overrides
 
 
 def parse_value(text: str):

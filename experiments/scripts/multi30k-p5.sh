@@ -1,14 +1,17 @@
 #!/bin/bash
 # P5: the frozen Multi30k recipe re-run (seed 0, then seed 1) with the README's commands on a fresh
 # clone + fresh venv; alpha chosen on val by the rule committed in 7d6f1e9; test2016 decoded once per seed.
+# Records: experiments/results/multi30k/P5-s0, P5-s1. Usage: multi30k-p5.sh [OUT=/tmp/p5] [MULTI30K=/tmp/m30k]
+# (clones the checkout this script is in)
 set -u
-P=/tmp/p5; C=$P/fxformer
+P=${1:-/tmp/p5}; C=$P/fxformer; REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel); DATA=${2:-/tmp/m30k}
+mkdir -p $P
 t() { date -u +%T; }
 echo "clone start $(t)"
-rm -rf $C && git clone -q /work/main $C && cd $C && git log -1 --format='commit %H' 
+rm -rf $C && git clone -q $REPO $C && cd $C && git log -1 --format='commit %H' 
 python3 -m venv .venv && .venv/bin/pip install -q -r requirements.txt > $P/pip.log 2>&1
 echo "venv done $(t)"
-.venv/bin/python -m fxformer.data --config=configs/multi30k.py:/tmp/m30k > $P/data.log 2>&1
+.venv/bin/python -m fxformer.data --config=configs/multi30k.py:$DATA > $P/data.log 2>&1
 echo "data done $(t) rc $?"
 ev() {  # seed, name, split, evaluate flags
   local sd=$1 name=$2 split=$3; shift 3; local s=$(date +%s) W=runs/multi30k-s$sd R=$P/s$sd
@@ -21,7 +24,7 @@ ev() {  # seed, name, split, evaluate flags
 train() {  # seed, extra flags
   local sd=$1; shift; local s=$(date +%s)
   echo "train s$sd start $(t)"
-  .venv/bin/python -m fxformer.train --config=configs/multi30k.py:/tmp/m30k --workdir=runs/multi30k-s$sd "$@" > $P/train-s$sd.log 2>&1
+  .venv/bin/python -m fxformer.train --config=configs/multi30k.py:$DATA --workdir=runs/multi30k-s$sd "$@" > $P/train-s$sd.log 2>&1
   echo "train s$sd rc $? end $(t) wall $(( $(date +%s) - s ))s" | tee -a $P/summary.txt
 }
 train 0

@@ -1,9 +1,10 @@
 #!/bin/bash
-# The regime table (PLAN.md), resumable: run it again after an interruption; `experiments run` skips
+# The regime table's first 30 runs (experiments/results/table3-regime/PLAN.md), resumable: run it again after an interruption; `experiments run` skips
 # finished runs and resumes a stopped one from its checkpoint. Alone on the 2-core CPU, two runs side
-# by side; each finished run's records are committed as they land (../table3-multi30k/land.sh).
-#   run.sh pilot   base seeds 0-3 (the noise pilot), records into pilot/
-#   run.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
+# by side; each finished run's records are committed as they land (land.sh, beside this script).
+# The runs after PLAN.md's amendment are regime-runs.sh's.
+#   regime-sweep.sh pilot   base seeds 0-3 (the noise pilot), records into the folder's pilot/
+#   regime-sweep.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
 #                  into this folder: two rows a call (seed by seed within it), so that two runs
 #                  always share the cores and each call ends with its rows complete; big, a row
 #                  alone, runs its three seeds at once (two side by side would leave the third
@@ -11,10 +12,10 @@
 #                  and regime.md: the rows set against the 6,000-pair table
 # On a new machine it first restores the finished runs of the committed records into ROOT
 # (`experiments restore`; a run directory already there is left as it is).
-# Usage: run.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
+# Usage: regime-sweep.sh pilot|sweep [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k]
 set -u
 STAGE=$1; ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}
-HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(git -C "$HERE" rev-parse --show-toplevel); cd "$REPO" || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 PROFILE=multi30k-full:$DATA
 # Two runs share the two cores: each XLA computation on one thread. Measured on a 2-core machine
 # (base of this profile, fxformer.bench, 25 steps): two processes at once 600-680 ms a step with
@@ -24,7 +25,7 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"
 case $STAGE in
   pilot) CALLS=("--only=base --seeds=4"); OUT=experiments/results/table3-regime/pilot ;;
   sweep) CALLS=(--only=base,D1 --only=D2,D3 --only=C1,C3 --only=C7,C5 "--only=big --parallel=3"); OUT=experiments/results/table3-regime ;;
-  *) echo "usage: run.sh pilot|sweep [ROOT] [MULTI30K]" >&2; exit 2 ;;
+  *) echo "usage: regime-sweep.sh pilot|sweep [ROOT] [MULTI30K]" >&2; exit 2 ;;
 esac
 .venv/bin/python -m fxformer.data --config=configs/table3.py:base,$PROFILE > /tmp/t3full-data.log 2>&1 || exit 1
 restore() {  # a new machine (an empty ROOT): the finished runs of committed records, so that they are not trained again
@@ -44,10 +45,10 @@ for call in "${CALLS[@]}"; do
   PID=$!
   # with each landing: the figures, and the rows set against the 6,000-pair table's (regime.md)
   THEN=(bash -c ".venv/bin/python -m experiments plot table3 --from_records=$OUT/records.jsonl.gz --out=$OUT")
-  [ "$STAGE" = pilot ] || THEN[2]+=" && .venv/bin/python -m experiments.regime experiments/results/table3-multi30k/records.jsonl.gz $OUT/records.jsonl.gz"
-  bash experiments/results/table3-multi30k/land.sh $ROOT $OUT $PID "${THEN[@]}" &
+  [ "$STAGE" = pilot ] || THEN[2]+=" && .venv/bin/python -m experiments regime experiments/results/table3-multi30k/records.jsonl.gz $OUT/records.jsonl.gz"
+  bash experiments/scripts/land.sh $ROOT $OUT $PID "${THEN[@]}" &
   wait $PID; rc=$?
   wait
-  echo "run.sh $STAGE: experiments run $call exited $rc"
+  echo "regime-sweep.sh $STAGE: experiments run $call exited $rc"
   [ $rc = 0 ] || exit $rc
 done

@@ -1,12 +1,15 @@
 #!/bin/bash
-# land.sh ROOT OUT PID [THEN...]: how this folder's records landed while the sweep ran. Every 5 minutes while
+# land.sh ROOT OUT PID [THEN...]: a sweep's records committed as its runs finish. Every 5 minutes while
 # the sweep's process PID lives (and once, within 10 s, after it ends), if more runs have finished since the last
-# look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the checkout's code, then the
-# command THEN if given (what else in OUT is computed from the records), and a commit of OUT alone
-# ("records of N finished runs"), so that a new machine loses only the runs in flight.
+# look: `python -m experiments collect table3 --root=ROOT --out=OUT` with the code of the checkout this
+# script is in (OUT relative to it), then the command THEN if given (what else in OUT is computed from the
+# records), and a commit of OUT alone ("records of N finished runs"), so that a new machine loses only the
+# runs in flight. The 6,000-pair table (experiments/results/table3-multi30k) and the regime table's first
+# 30 runs landed this way.
 #   PID=$(pgrep -f "experiments run table3" | head -1)
-#   nohup experiments/results/table3-multi30k/land.sh /tmp/t3s/root experiments/results/table3-multi30k $PID &
+#   nohup experiments/scripts/land.sh /tmp/t3s/root experiments/results/table3-multi30k $PID &
 ROOT=$1; OUT=$2; PID=$3; shift 3; THEN=("$@")
+cd "$(dirname "$0")/../.." || exit 1
 then_() { [ ${#THEN[@]} = 0 ] || nice -n 19 "${THEN[@]}" >> /tmp/land-collect.log 2>&1; }
 finished() { grep -l '"finished"' $ROOT/*/*/sweep.json $ROOT/*/sweep.json 2>/dev/null | wc -l; }
 last=$(finished)

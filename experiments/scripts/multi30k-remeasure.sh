@@ -2,7 +2,8 @@
 # The frozen Multi30k recipe re-measured after the packing fix (c79baff) and the resume fixes: the
 # README's commands on a fresh clone + fresh venv, seeds 0 and 1, alone on the 2-core CPU; val and
 # test2016 decoded once each with the recipe's evaluation (configs/multi30k.py: last 5 averaged,
-# beam 4, alpha 1.5). Nothing is chosen here. Usage: remeasure.sh [OUT=/tmp/rm31] [MULTI30K=/tmp/m30k]
+# beam 4, alpha 1.5). Nothing is chosen here. Records: experiments/results/multi30k/remeasure/.
+# Usage: multi30k-remeasure.sh [OUT=/tmp/rm31] [MULTI30K=/tmp/m30k]  (clones the checkout this script is in)
 # Resumable: run it again after an interruption; the clone, finished trainings and evaluations are
 # kept, and an interrupted training resumes from its last checkpoint (metrics' wall_s counts training only).
 set -u
