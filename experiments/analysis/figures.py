@@ -10,6 +10,8 @@ params.png  each row's dev figure against its parameter count, ours and the refe
             point labelled without overlap
 curves.png  each group's dev perplexity during training, mean over seeds with the range (only
             where the records hold learning curves)
+budget.png  with an analysis plan that has readouts during training, each counted row's change versus
+            the baseline at every shared dev evaluation, the plan applied there (experiments.analysis.budget)
 regime.png  two sweeps' tables side by side (drawn by experiments.regime, not `plot`): each row's
             change versus the baseline in both with the reference's, and the interaction
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 
-from experiments.analysis import plans
+from experiments.analysis import budget, plans
 from experiments.analysis.rows import Row, dev_curves, gather, trained
 from fxformer import exitcodes, png
 
@@ -41,6 +43,8 @@ def plot(sweep, runs, doc: dict, directory) -> int:
         by_row.setdefault(rep["row"], []).append(rep)
     if any(dev_curves(reps, "dev_ppl") for reps in by_row.values()):
         written.append(curves_figure(sweep, runs, by_row, directory / "curves.png"))
+        if plans.Plan.of(sweep).readouts and (drawn := budget.budget_figure(sweep, doc, directory / "budget.png")):
+            written.append(drawn)
     print("written: " + ", ".join(str(p) for p in written))
     return exitcodes.OK
 
@@ -82,7 +86,7 @@ def positions(recs: list[Row]) -> tuple[list[float], list[tuple[str, float, floa
     return places, groups
 
 
-VERDICT_COLORS = {"agrees": "tab:green", "disagrees": "tab:red", "equivalent": "tab:blue", "inconclusive": "0.45"}
+VERDICT_COLORS = plans.VERDICT_COLORS
 
 
 def planned(j: plans.Judged | None) -> tuple[float | None, float | None, float | None]:

@@ -25,6 +25,7 @@ from experiments.analysis import stats
 
 POWER = 0.8  # a row whose equivalence test has less power than this at the margin is named under-powered
 VERDICTS = stats.VERDICTS
+VERDICT_COLORS = {"agrees": "tab:green", "disagrees": "tab:red", "equivalent": "tab:blue", "inconclusive": "0.45"}
 
 
 @dataclasses.dataclass(frozen=True)
