@@ -311,7 +311,7 @@ def test_collect_from_the_records_alone_rebuilds_the_table_byte_for_byte(tmp_pat
     header, first = json.loads(lines[0]), json.loads(lines[1])
     assert header["profile"] == "mini" and header["rows"] == list(FAKE) and len(lines) == 1 + 12
     assert first["name"] == "base" and set(first["evals"]) == {"validation", "test"}
-    assert first["curve"][3] == {"step": 100, "tokens_seen": 95000.0, "loss": 3.8, "dev_ppl": 6.0}
+    assert first["curve"][3] == {"step": 100, "tokens_seen": 95000.0, "loss": 3.8, "dev_ppl": 6.0, "wall_s": 20.0}
     assert experiments_main.main(["plot", "table3", f"--from_records={records}"]) == 0
     assert all((elsewhere / f).read_bytes().startswith(b"\x89PNG") for f in ("delta.png", "params.png", "curves.png"))
     capsys.readouterr()

@@ -32,7 +32,7 @@ from fxformer.errors import UserError
 
 FORMAT = 1
 NAME = "records.jsonl.gz"
-CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu")
+CURVE_KEYS = ("step", "tokens_seen", "loss", "dev_ppl", "dev_bleu", "wall_s")  # wall_s: training seconds so far
 RUN_INFO = ("num_params", "devices", "platform", "device_kind", "cpu", "versions")  # what records keep of W/run.json
 FROM_RESULTS = (
     "re-collected from results.json, which holds each seed's final figures only: no learning curves and no raw "
