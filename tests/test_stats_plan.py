@@ -153,6 +153,19 @@ def test_the_row_and_seed_model_equals_the_two_way_closed_form_and_ignores_a_shi
     )
 
 
+def test_holm_is_statsmodels_holm_on_families_with_ties_nan_and_ones():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    for size in (1, 2, 5, 19):
+        p = list(rng.uniform(0, 0.2, size)) + [0.01, 0.01, 1.0]  # ties and a 1
+        family = {f"r{i}": float(v) for i, v in enumerate(p)}
+        assert list(stats.holm(family).values()) == pytest.approx(list(multipletests(p, method="holm")[1]), abs=1e-15)
+    with_nan = stats.holm({"a": 0.01, "b": float("nan"), "c": 0.02})
+    assert with_nan == pytest.approx(dict(zip("abc", multipletests([0.01, 1.0, 0.02], method="holm")[1])))
+    assert stats.holm({}) == {}
+
+
 def test_holm_equals_the_step_down_closed_form_and_the_verdicts_cover_every_case():
     ours, hand = stats.contrasts(GROUPS, "base"), closed_form(GROUPS)
     rows = list(hand)
