@@ -71,7 +71,9 @@ PYTHON = blocks("python")
 @pytest.fixture(scope="session")
 def reader(tmp_path_factory, data_dir, corpus) -> Path:
     """A reader's folder: runs/default (runs/base and runs/multi30k the same run), the configs,
-    the committed records the docs collect from, sentences.en and a translation file of the test split."""
+    the committed records the docs collect from, sentences.en and a translation file of the test split.
+    Its dev and test splits hold 16 sentences each: the pages' commands decode them, and an untrained
+    model's search runs every sentence to its length limit."""
     here = tmp_path_factory.mktemp("reader")
     run = here / "runs" / "default"
     run_train(
@@ -80,7 +82,7 @@ def reader(tmp_path_factory, data_dir, corpus) -> Path:
         num_train_steps=6,
         checkpoint_every_steps=2,
         eval_every_steps=2,
-        **{"model.num_layers": 3},
+        **{"model.num_layers": 3, "data.num_validation": 16, "data.num_test": 16},
     )
     for name in ("base", "multi30k"):
         (here / "runs" / name).symlink_to(run)
