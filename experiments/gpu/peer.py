@@ -39,6 +39,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from fxformer import bench, configfile, parallel
@@ -116,7 +117,7 @@ class Timed:
                 self.times.append(time.perf_counter() - start)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--flax_wmt", default=".peer", help="folder holding the Flax example's models.py")
     p.add_argument("--config", default="configs/base.py", help="fxformer config whose shapes both models take")
@@ -127,15 +128,21 @@ def main() -> None:
     p.add_argument("--peer_attention_dropout", type=float, default=0.0)
     p.add_argument("--set", action="append", default=[], help="fxformer config override KEY=VALUE (repeatable)")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    return p
 
-    models_py = Path(args.flax_wmt).resolve() / "models.py"  # the Flax example's models.py, loaded by its path
+
+def load_models(folder: str):
+    """The Flax example's models.py in `folder`, loaded by its path."""
+    models_py = Path(folder).resolve() / "models.py"
     if not models_py.is_file():
-        sys.exit(f"No models.py in {args.flax_wmt}: put google/flax's examples/wmt/models.py there (see {__file__}).")
+        sys.exit(f"No models.py in {folder}: put google/flax's examples/wmt/models.py there (see {__file__}).")
     spec = importlib.util.spec_from_file_location("flax_wmt_models", models_py)
     models = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(models)
+    return models
 
+
+def config_of(args) -> ml_collections.ConfigDict:
     overrides = {"model.dtype": args.dtype}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -143,18 +150,13 @@ def main() -> None:
             overrides[key] = json.loads(value)  # numbers, true/false
         except ValueError:
             overrides[key] = value
-    config = with_overrides(configfile.load_config(args.config), overrides)
-    vocab = config.data.vocab_size
+    return with_overrides(configfile.load_config(args.config), overrides)
 
-    # fxformer: the bench's own step on the bench's batch
-    ours = bench.synthetic_step(config, vocab, args.batch)
-    c = ours.model.config
 
-    def run_ours():
-        ours.state, metrics = ours.compiled(ours.state, ours.batch)
-        return metrics
-
-    # the peer: the example's model at the same shapes, on the same batch
+def peer_step(models, config, ours, args) -> tuple[Timed, float]:
+    """The example's model at fxformer's shapes, its train step compiled on the same batch: (its
+    Timed step, compile seconds); its state is the Timed's `holder["state"]`."""
+    c, vocab = ours.model.config, config.data.vocab_size
     peer_config = models.TransformerConfig(
         vocab_size=vocab,
         output_vocab_size=vocab,
@@ -171,32 +173,31 @@ def main() -> None:
         attention_dropout_rate=args.peer_attention_dropout,
         deterministic=False,
     )
-    mesh = parallel.data_mesh()
-    batch = parallel.global_batch(mesh, ours.host_batch)
+    batch = parallel.global_batch(parallel.data_mesh(), ours.host_batch)
     init_batch = jnp.ones((1, ours.length), jnp.int32)
     params = jax.jit(
         lambda: models.Transformer(peer_config).init(jax.random.key(0), init_batch, init_batch)["params"]
     )()
     tx = optax.adamw(peer_schedule(0.002, 1000), b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0)
-    peer_state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    holder = {"state": {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}}
     rng = jax.random.key(1)
     start = time.perf_counter()
     step = jax.jit(peer_step_fn(models, peer_config, tx, config.label_smoothing), donate_argnums=(0,))
-    compiled_peer = step.lower(peer_state, batch, rng).compile()
-    peer_compile_s = time.perf_counter() - start
-    holder = {"state": peer_state}
+    compiled = step.lower(holder["state"], batch, rng).compile()
+    compile_s = time.perf_counter() - start
 
     def run_peer():
-        holder["state"], metrics = compiled_peer(holder["state"], batch, rng)
+        holder["state"], metrics = compiled(holder["state"], batch, rng)
         return metrics
 
-    a, b = Timed("fxformer", run_ours), Timed("flax_wmt", run_peer)
-    a.block(2, keep=False), b.block(2, keep=False)
-    for r in range(args.rounds):
-        first, second = (a, b) if r % 2 == 0 else (b, a)
-        first.block(args.steps), second.block(args.steps)
-        print(f"peer: round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    timed = Timed("flax_wmt", run_peer)
+    timed.holder = holder
+    return timed, compile_s
 
+
+def results(args, ours, a: Timed, b: Timed, peer_compile_s: float) -> dict:
+    """The record: both steps' median time, tokens/s, MFU on fxformer's FLOP count, parameters."""
+    c = ours.model.config
     flops = bench.train_flops(c, ours.rows, ours.length)
     peak = bench.peak_tflops(jax.devices()[0], args.dtype)
     real = int((ours.host_batch["targets_segment_ids"] > 0).sum())
@@ -210,10 +211,17 @@ def main() -> None:
         out[f"{t.name}_real_target_tokens_per_s"] = real / seconds
         out[f"{t.name}_mfu"] = flops / seconds / (peak * 1e12) if peak else None
     out["fxformer_parameters"] = int(sum(x.size for x in jax.tree.leaves(ours.state.params)))
-    out["flax_wmt_parameters"] = int(sum(x.size for x in jax.tree.leaves(holder["state"]["params"])))
+    out["flax_wmt_parameters"] = int(sum(x.size for x in jax.tree.leaves(b.holder["state"]["params"])))
     out["flax_wmt_to_fxformer_step_time"] = out["flax_wmt_step_time_s"] / out["fxformer_step_time_s"]
+    return out
+
+
+def print_results(out: dict) -> None:
     mfu = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    print(f"{args.batch} batch, {ours.rows} x {ours.length}, {args.dtype}, {out['device']}, {flops:.3e} FLOPs a step")
+    shape = (
+        f"{out['rows']} x {out['length']}, {out['dtype']}, {out['device']}, {out['flops_per_step']:.3e} FLOPs a step"
+    )
+    print(f"{out['batch']} batch, {shape}")
     for name in ("fxformer", "flax_wmt"):
         print(
             f"{name:9} step {1000 * out[f'{name}_step_time_s']:8.1f} ms  "
@@ -221,6 +229,27 @@ def main() -> None:
             f"parameters {out[f'{name}_parameters']:,}"
         )
     print(f"Flax example's step / fxformer's: {out['flax_wmt_to_fxformer_step_time']:.3f} (above 1: fxformer faster)")
+
+
+def main() -> None:
+    args = parser().parse_args()
+    models = load_models(args.flax_wmt)
+    config = config_of(args)
+    ours = bench.synthetic_step(config, config.data.vocab_size, args.batch)  # the bench's own step and batch
+
+    def run_ours():
+        ours.state, metrics = ours.compiled(ours.state, ours.batch)
+        return metrics
+
+    b, peer_compile_s = peer_step(models, config, ours, args)
+    a = Timed("fxformer", run_ours)
+    a.block(2, keep=False), b.block(2, keep=False)
+    for r in range(args.rounds):
+        first, second = (a, b) if r % 2 == 0 else (b, a)
+        first.block(args.steps), second.block(args.steps)
+        print(f"peer: round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    out = results(args, ours, a, b, peer_compile_s)
+    print_results(out)
     if args.json:
         print(json.dumps(out))
 

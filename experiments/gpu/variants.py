@@ -49,7 +49,7 @@ def parse_variant(spec: str) -> tuple[str, str, dict]:
     return name, batch, overrides
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", help="NAME:BATCH[:KEY=VALUE,...]")
     p.add_argument("--config", default="configs/base.py")
@@ -60,12 +60,12 @@ def main() -> None:
     p.add_argument(
         "--budget_s", type=float, default=0, help="stop compiling new variants after this many seconds (0: none)"
     )
-    args = p.parse_args()
+    return p
 
-    common = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        common[key] = parse_value(value)
+
+def compile_all(args, common: dict) -> tuple[dict, dict]:
+    """({name: (step, batch, overrides)}, {name: error}): each variant built and compiled, its two
+    untimed steps run, until `--budget_s` would be passed by the longest compile yet."""
     start = time.time()
     steps, errors, longest = {}, {}, 0.0
     for spec in args.variants:
@@ -86,37 +86,41 @@ def main() -> None:
             errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
             bench.progress(f"{name}: failed: {errors[name]}")
             traceback.print_exc()
+    return steps, errors
 
+
+def timed_in_turns(steps: dict, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Each variant's step times: `rounds` rounds of `per_round` steps each, the order reversed every other round."""
     times = {name: [] for name in steps}
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = list(steps) if r % 2 == 0 else list(reversed(steps))
         for name in order:
             s = steps[name][0]
-            for _ in range(args.steps):
+            for _ in range(per_round):
                 t0 = time.perf_counter()
                 s.state, metrics = s.compiled(s.state, s.batch)
                 jax.block_until_ready(metrics)
                 times[name].append(time.perf_counter() - t0)
-        bench.progress(f"round {r + 1}/{args.rounds} timed")
+        bench.progress(f"round {r + 1}/{rounds} timed")
+    return times
 
+
+def record_of(step, batch: str, overrides: dict, times: list[float]) -> dict:
+    """A variant's line: the device, its options and `bench.step_record` of its times."""
     device = jax.devices()[0]
-    with open(args.out, "a") as f:
-        for spec in args.variants:
-            name = spec.split(":")[0]
-            if name in steps:
-                s, batch, overrides = steps[name]
-                record = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count()}
-                record.update(dtype=jnp.dtype(s.model.config.dtype).name, batch=batch, options=overrides)
-                record.update(bench.step_record(s, times[name]))
-                # one process holds every variant: its peak memory is no one variant's; XLA's temporaries are
-                memory = s.compiled.memory_analysis()
-                record.update(peak_memory_bytes=None, decode_sentences_per_s=None)
-                record["temp_bytes"] = getattr(memory, "temp_size_in_bytes", None)
-            else:
-                record = {"error": errors[name]}
-            f.write(f"{name} {json.dumps(record)}\n")
+    record = {"device": device.device_kind, "platform": device.platform, "devices": jax.device_count()}
+    record.update(dtype=jnp.dtype(step.model.config.dtype).name, batch=batch, options=overrides)
+    record.update(bench.step_record(step, times))
+    # one process holds every variant: its peak memory is no one variant's; XLA's temporaries are
+    memory = step.compiled.memory_analysis()
+    record.update(peak_memory_bytes=None, decode_sentences_per_s=None)
+    record["temp_bytes"] = getattr(memory, "temp_size_in_bytes", None)
+    return record
+
+
+def print_table(variants: list[str], steps: dict, errors: dict, times: dict) -> None:
     print(f"{'variant':18} {'step ms':>8} {'MFU':>6} {'MFU seg':>7}  batch   options")
-    for spec in args.variants:
+    for spec in variants:
         name = spec.split(":")[0]
         if name not in steps:
             print(f"{name:18} failed: {errors[name]}")
@@ -126,6 +130,22 @@ def main() -> None:
         mfu = lambda v: "  n/a" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
         opts = ",".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items()) or "(as it is)"
         print(f"{name:18} {1000 * r['step_time_s']:8.1f} {mfu(r['mfu'])} {mfu(r['mfu_segments'])}  {batch:7} {opts}")
+
+
+def main() -> None:
+    args = parser().parse_args()
+    common = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        common[key] = parse_value(value)
+    steps, errors = compile_all(args, common)
+    times = timed_in_turns(steps, args.rounds, args.steps)
+    with open(args.out, "a") as f:
+        for spec in args.variants:
+            name = spec.split(":")[0]
+            record = record_of(*steps[name], times[name]) if name in steps else {"error": errors[name]}
+            f.write(f"{name} {json.dumps(record)}\n")
+    print_table(args.variants, steps, errors, times)
 
 
 if __name__ == "__main__":
