@@ -74,8 +74,8 @@ from fxformer.data.tokenizer import tokenizer_for  # noqa: E402
 # The small embedded corpus every test shares (built once per session): data fields.
 SMALL_DATA = {
     "num_train": 3000,
-    "num_validation": 100,
-    "num_test": 100,
+    "num_validation": 52,  # with eval_batch_size 40: two batches, the last part-filled (52 = 6 x 8 + 4)
+    "num_test": 52,
     "vocab_size": 400,
     "tokenizer_sentences": 6000,
     "max_length": 32,

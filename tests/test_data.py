@@ -43,7 +43,7 @@ def test_no_validation_or_test_sentence_occurs_in_train(corpus):
     for lang in ("en", "de"):
         train = set(texts(builder, "train", lang))
         held_out = texts(builder, "validation", lang) + texts(builder, "test", lang)
-        assert len(train) == 3000 and len(held_out) == 200
+        assert len(train) == 3000 and len(held_out) == 2 * 52
         assert not train.intersection(held_out)
 
 
@@ -188,7 +188,7 @@ def test_eval_batches_cover_every_example_exactly_once(corpus, process_count, by
     seen = Counter()
     num_batches, widths = [], []
     for p in range(process_count):
-        batches = list(pipeline.eval_batches(examples, 12, length, p, process_count, by_length))  # 100 = 8 x 12 + 4
+        batches = list(pipeline.eval_batches(examples, 12, length, p, process_count, by_length))
         num_batches.append(len(batches))
         widths.append([b["inputs"].shape[1] for b in batches])
         for batch in batches:
@@ -201,14 +201,15 @@ def test_eval_batches_cover_every_example_exactly_once(corpus, process_count, by
                     assert (batch["inputs"][row, len(ids) :] == PAD_ID).all()
                 else:
                     assert (batch["inputs"][row] == PAD_ID).all()
-    assert num_batches == [9] * process_count  # every process runs the same number of steps
+    full, rest = divmod(len(examples), 12)
+    assert rest and num_batches == [full + 1] * process_count  # the last part-filled; every process as many steps
     assert seen == Counter(range(len(examples)))
     assert all(w == widths[0] for w in widths)  # every process pads a batch alike
     if not by_length:
-        assert widths[0] == [length] * 9
+        assert widths[0] == [length] * (full + 1)
     else:  # longest first, each batch as long as the power of two (from 16) that holds its longest source
         lengths = sorted((len(e["inputs"]) for e in examples), reverse=True)
-        want = [min(length, max(16, 2 ** math.ceil(math.log2(lengths[12 * b])))) for b in range(9)]
+        want = [min(length, max(16, 2 ** math.ceil(math.log2(lengths[12 * b])))) for b in range(full + 1)]
         assert widths[0] == want and want[-1] < want[0]
 
 
@@ -257,7 +258,7 @@ def test_process_shards_are_disjoint_and_complete(corpus, corpus_ids):
         batches, carried = one_epoch(corpus_ids, "validation", data, rows=4, shard=shard, num_shards=2)
         assert all(i % 2 == shard for i in carried)  # a shard carries its own examples
         seen += Counter(src for src, _ in unpacked(batches).elements()) + Counter(sources[i] for i in carried)
-    assert sum(seen.values()) == 100 and seen == Counter(sources)
+    assert sum(seen.values()) == len(sources) == 52 and seen == Counter(sources)
 
 
 class FakeWmt14(wmt14.Wmt14Translate, skip_registration=True):

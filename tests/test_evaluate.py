@@ -81,10 +81,10 @@ def test_evaluate_on_one_device_writes_what_sacrebleu_computes(eight_device_work
     # the trained run decodes with beam 4: the file names the search that differs, no default result is overwritten
     written = json.loads((workdir / "eval" / "test-20-avg2-beam_size=2.json").read_text())
     assert not (workdir / "eval" / "test-20-avg2.json").exists()
-    assert written["num_sentences"] == 100 and written["checkpoint_steps"] == [10, 20]
+    assert written["num_sentences"] == 52 and written["checkpoint_steps"] == [10, 20]
     assert written["ppl"] > 1 and 0 <= written["bleu"] <= 100
     hyps = (workdir / "eval" / "test-20-avg2-beam_size=2.hyp.txt").read_text().splitlines()
-    assert len(hyps) == 100
+    assert len(hyps) == 52
     _, builder, _ = corpus
     test = corpora.data_source(builder, "test")  # the references are the raw German sentences, in order
     raw = [test[i]["de"].decode("utf-8") for i in range(len(test))]
