@@ -15,8 +15,9 @@ against XLA's cost analysis), achieved TFLOP/s and MFU against the device's peak
 none on a CPU), peak memory, and decoding sentences/s and output tokens/s. Beside the dense
 count (`flops_per_step`, `mfu`: every query-key product of every row), the count within
 segments (`flops_per_step_segments`, `mfu_segments`: attention only within each sentence,
-`segment_train_flops`), under its own name: on packed rows the second is the smaller, so a
-step can only look worse by it, never better.
+`segment_train_flops`) and the causal count (`flops_per_step_causal`, `mfu_causal`: the decoder
+self-attention's masked half left out, `causal_train_flops`), each under its own name: both are
+below the dense count, so a step can only look worse by them, never better.
 
 With --data=real the config's dataset is prepared (or found) and its training batches measured
 too: the input pipeline alone (real target tokens/s for --pipeline_seconds), and training on
@@ -99,6 +100,17 @@ def forward_flops(c: TransformerConfig, rows: int, source_len: int, target_len: 
 def train_flops(c: TransformerConfig, rows: int, length: int) -> float:
     """A training step: the forward pass and a backward pass of twice its FLOPs."""
     return 3.0 * forward_flops(c, rows, length, length)
+
+
+def causal_train_flops(c: TransformerConfig, rows: int, length: int) -> float:
+    """`train_flops` with the decoder self-attention's masked half left out: a query counts only the
+    keys at and before its own position, length (length + 1) / 2 pairs a row and layer, not
+    length squared; the encoder's and the cross-attention's products are dense, as is the rest. A
+    third count beside the dense one and the one within segments: what a kernel that skipped the
+    causal mask's hidden half would still do."""
+    per_pair = 2.0 * c.num_heads * (c.d_k + c.d_v)  # FLOPs of both products for one query-key pair
+    hidden = c.num_layers * rows * (length * length - length * (length + 1) / 2)
+    return train_flops(c, rows, length) - 3.0 * per_pair * hidden
 
 
 def segment_train_flops(c: TransformerConfig, batch: dict[str, np.ndarray]) -> float:
@@ -244,7 +256,8 @@ def bench_train(config, steps: int, vocab: int, ids=None, kind: str = "full") ->
 def step_record(s: SyntheticStep, times: list[float], xla_count: bool = True) -> dict:
     """The training figures of a compiled step `s` timed `times` (seconds): step time (median),
     tokens, both FLOP counts, achieved TFLOP/s and both MFUs (`mfu`: the dense count, as always;
-    `mfu_segments`: within segments, under its own name, never in the other's place)."""
+    `mfu_causal`: the decoder's masked half left out; `mfu_segments`: within segments; each under its
+    own name, never in the dense one's place)."""
     cost = s.compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     targets = s.host_batch["targets_segment_ids"]
@@ -260,6 +273,7 @@ def step_record(s: SyntheticStep, times: list[float], xla_count: bool = True) ->
         "step_time_s": step_time,
         "step_times_s": times,
         "flops_per_step": train_flops(s.model.config, s.rows, s.length),
+        "flops_per_step_causal": causal_train_flops(s.model.config, s.rows, s.length),
         # XLA's cost analysis counts a loop's body once: no check where the step loops (micro-batches, loss chunks)
         "xla_flops_per_step": float(cost.get("flops", 0.0)) * jax.device_count() if cost and xla_count else None,
     }
@@ -267,7 +281,8 @@ def step_record(s: SyntheticStep, times: list[float], xla_count: bool = True) ->
     r["real_target_tokens_per_s"] = r["real_target_tokens_per_step"] / step_time
     peak = peak_tflops(jax.devices()[0], jnp.dtype(s.model.config.dtype).name)
     r["peak_tflops"] = peak * jax.device_count() if peak else None
-    for suffix, flops in (("", r["flops_per_step"]), ("_segments", r["flops_per_step_segments"])):
+    counts = (("", r["flops_per_step"]), ("_causal", r["flops_per_step_causal"]))
+    for suffix, flops in (*counts, ("_segments", r["flops_per_step_segments"])):
         achieved = flops / step_time
         r[f"achieved_tflops{suffix}"] = achieved / 1e12
         r[f"mfu{suffix}"] = achieved / (r["peak_tflops"] * 1e12) if peak else None
@@ -458,12 +473,14 @@ def table(r: dict) -> str:
         ("batch", f"{r['batch']} rows: {r['segments_per_row']:.1f} sentences a row on average"),
         ("target tokens/s", f"{r['train_tokens_per_s']:,.0f} ({r['real_target_tokens_per_s']:,.0f} real, not padding)"),
         ("model FLOPs per step", f"{r['flops_per_step']:.3e} dense (XLA: {fmt(r['xla_flops_per_step'], '.3e')})"),
+        ("  causal", f"{r['flops_per_step_causal']:.3e} (the decoder's masked half left out)"),
         ("  within segments", f"{r['flops_per_step_segments']:.3e} (attention only within each sentence)"),
         ("achieved", f"{r['achieved_tflops']:.2f} TFLOP/s dense, {r['achieved_tflops_segments']:.2f} within segments"),
         (
             "MFU (dense count)",
             "n/a (no known peak)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f}",
         ),
+        ("MFU (causal)", "n/a" if r["mfu_causal"] is None else f"{100 * r['mfu_causal']:.1f}%"),
         ("MFU (within segments)", "n/a" if r["mfu_segments"] is None else f"{100 * r['mfu_segments']:.1f}%"),
         (
             "peak memory",

@@ -189,3 +189,14 @@ def test_bench_on_the_packed_batch_reports_both_flop_counts():
     assert out["flops_per_step_segments"] < out["flops_per_step"] and out["mfu"] is None and out["mfu_segments"] is None
     assert out["real_target_tokens_per_step"] < out["tokens_per_step"]
     assert "MFU (dense count)" in result.stdout and "MFU (within segments)" in result.stdout
+    assert out["flops_per_step_segments"] < out["flops_per_step_causal"] < out["flops_per_step"]  # packed rows
+    assert out["mfu_causal"] is None and "MFU (causal)" in result.stdout
+
+
+def test_the_causal_flop_count_leaves_out_the_decoders_masked_half():
+    c = trainstate.model_of(configfile.load_config("configs/default.py"), 1000).config
+    dense = bench.train_flops(c, 8, 64)
+    hidden = 8 * c.num_layers * (64 * 64 - np.tril(np.ones((64, 64))).sum())  # the causal mask, counted
+    want = dense - 3 * 2.0 * c.num_heads * (c.d_k + c.d_v) * hidden
+    assert bench.causal_train_flops(c, 8, 64) == pytest.approx(want, rel=1e-12) and want < dense
+    assert bench.causal_train_flops(c, 8, 1) == bench.train_flops(c, 8, 1)  # one position: nothing is masked

@@ -36,7 +36,7 @@ for line in open(os.environ["OUT"] + "/bench.jsonl"):
     elif r.get("step_time_s"):
         memory = r.get("peak_memory_bytes") or r.get("temp_bytes") or 0
         print(f"{name:22} {r.get('batch', 'full'):6} step {1000*r['step_time_s']:7.1f} ms  MFU {pct(r['mfu'])} "
-              f"(in segments {pct(r.get('mfu_segments'))})  {r['train_tokens_per_s']:10,.0f} tok/s  "
+              f"(causal {pct(r.get('mfu_causal'))}, in segments {pct(r.get('mfu_segments'))})  {r['train_tokens_per_s']:10,.0f} tok/s  "
               f"mem {memory/2**20:7,.0f} MiB  compile {r['compile_s']:.0f} s")
     elif r.get("flax_wmt_step_time_s"):
         for who in ("fxformer", "flax_wmt"):
