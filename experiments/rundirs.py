@@ -80,7 +80,8 @@ def environment() -> dict:
 
 
 def curve(workdir: paths.Workdir) -> list[dict]:
-    """The learning curve of a run: each logged line's step, tokens seen, train loss, dev PPL and BLEU."""
+    """The learning curve of a run: each logged line's step, tokens seen, train loss, dev PPL and BLEU,
+    training wall seconds (`CURVE_KEYS`)."""
     points = []
     for line in metrics.logged(workdir):
         point = {key: line[key] for key in CURVE_KEYS if key in line}

@@ -17,7 +17,7 @@ count (`flops_per_step`, `mfu`: every query-key product of every row), the count
 segments (`flops_per_step_segments`, `mfu_segments`: attention only within each sentence,
 `segment_train_flops`) and the causal count (`flops_per_step_causal`, `mfu_causal`: the decoder
 self-attention's masked half left out, `causal_train_flops`), each under its own name: both are
-below the dense count, so a step can only look worse by them, never better.
+at most the dense count, so a step can only look worse by them, never better.
 
 With --data=real the config's dataset is prepared (or found) and its training batches measured
 too: the input pipeline alone (real target tokens/s for --pipeline_seconds), and training on
@@ -255,7 +255,7 @@ def bench_train(config, steps: int, vocab: int, ids=None, kind: str = "full") ->
 
 def step_record(s: SyntheticStep, times: list[float], xla_count: bool = True) -> dict:
     """The training figures of a compiled step `s` timed `times` (seconds): step time (median),
-    tokens, both FLOP counts, achieved TFLOP/s and both MFUs (`mfu`: the dense count, as always;
+    tokens, the three FLOP counts, achieved TFLOP/s and MFU by each (`mfu`: the dense count, as always;
     `mfu_causal`: the decoder's masked half left out; `mfu_segments`: within segments; each under its
     own name, never in the dense one's place)."""
     cost = s.compiled.cost_analysis()
@@ -475,7 +475,11 @@ def table(r: dict) -> str:
         ("model FLOPs per step", f"{r['flops_per_step']:.3e} dense (XLA: {fmt(r['xla_flops_per_step'], '.3e')})"),
         ("  causal", f"{r['flops_per_step_causal']:.3e} (the decoder's masked half left out)"),
         ("  within segments", f"{r['flops_per_step_segments']:.3e} (attention only within each sentence)"),
-        ("achieved", f"{r['achieved_tflops']:.2f} TFLOP/s dense, {r['achieved_tflops_segments']:.2f} within segments"),
+        (
+            "achieved",
+            f"{r['achieved_tflops']:.2f} TFLOP/s dense, {r['achieved_tflops_causal']:.2f} causal, "
+            f"{r['achieved_tflops_segments']:.2f} within segments",
+        ),
         (
             "MFU (dense count)",
             "n/a (no known peak)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f}",

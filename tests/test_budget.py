@@ -4,6 +4,7 @@ base's (the pooled model's row effect), computed here again from the raw records
 plan's readouts (steps 2,500 and 3,750, and the last step, its `final`) each verdict is the one
 analysis.json gives. A plateau-stopped table (the 6,000-pair one) has no common budget: no figure."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -47,3 +48,17 @@ def test_a_plateau_stopped_table_has_no_common_budget_to_draw(tmp_path):
     sweep, doc = load("table3-multi30k")
     assert budget.over_budget(sweep, doc, plans.Plan.of(sweep))[0] == []
     assert budget.budget_figure(sweep, doc, tmp_path / "budget.png") is None
+
+
+def test_a_running_seed_enters_no_step_before_its_row_is_complete():
+    """A row with a seed still running is shown, not modelled (the stop rule): its curve's early
+    steps must not count it in a step's model, nor in Holm's family there."""
+    sweep, doc = load("table3-regime")
+    plan = plans.Plan.of(sweep)
+    _, before = budget.over_budget(sweep, doc, plan)
+    running = next(r for r in doc["replicates"] if r["row"] == "A1" and r["state"] == "finished")
+    running["state"], running["evals"] = "running", {}  # its curve stays, as a running run's does
+    steps, after = budget.over_budget(sweep, doc, plan)
+    assert "A1" in before and "A1" not in after and steps
+    at_first = {j.row: j for j in plans.judge(sweep, doc, dataclasses.replace(plan, readout=f"step:{steps[0]}"))}
+    assert not at_first["A1"].counted and at_first["A1"].n == 2

@@ -451,3 +451,11 @@ def test_the_pages_speak_of_the_software_not_of_how_the_repository_was_worked_on
     found = [f"{p.relative_to(REPO)}: {m[0]}" for p in pages for m in WORKED_ON.finditer(p.read_text())]
     assert found == []
     assert [m[0] for m in WORKED_ON.finditer("4 more hours of this CPU; the lander stopped")] == ["this CPU", "lander"]
+
+
+def test_the_readme_summary_of_the_regime_table_is_at_most_150_words_and_its_figure():
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("\n## Table 3 on all of Multi30k") :].split("\n## ", 2)[1]
+    figures = [line for line in section.splitlines() if line.startswith("![")]
+    prose = " ".join(line for line in section.splitlines()[1:] if not line.startswith("!["))
+    assert len(prose.split()) <= 150 and len(figures) == 1, (len(prose.split()), figures)

@@ -26,15 +26,19 @@ def long_functions(path: Path, root: Path = REPO) -> list[str]:
 
 
 def path_edits(path: Path, root: Path = REPO) -> list[str]:
-    """`path:line` of every call of sys.path.insert or sys.path.append in `path` (relative to `root`)."""
+    """`path:line` of every call of sys.path.insert, .append or .extend, or site.addsitedir, in `path`
+    (relative to `root`)."""
     tree = ast.parse(path.read_text())
     return [
         f"{path.relative_to(root)}:{node.lineno}"
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr in ("insert", "append")
-        and ast.unparse(node.func.value) == "sys.path"
+        and (
+            node.func.attr in ("insert", "append", "extend")
+            and ast.unparse(node.func.value) == "sys.path"
+            or ast.unparse(node.func) == "site.addsitedir"
+        )
     ]
 
 
@@ -57,6 +61,8 @@ def test_no_function_is_over_60_lines():
 def test_the_checks_see_what_they_look_for(tmp_path):
     sample = tmp_path / "sample.py"
     body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST))  # a def line and 60 lines: 61
-    sample.write_text(f"import sys\nsys.path.insert(0, 'x')\n\n\ndef f():\n{body}\n\n\ndef g():\n    pass\n")
+    sample.write_text(
+        f"import sys\nsys.path.insert(0, 'x')\nsite.addsitedir('y')\n\n\ndef f():\n{body}\n\n\ndef g():\n    pass\n"
+    )
     assert long_functions(sample, tmp_path) == [f"sample.py:f {LONGEST + 1}"]
-    assert path_edits(sample, tmp_path) == ["sample.py:2"]
+    assert path_edits(sample, tmp_path) == ["sample.py:2", "sample.py:3"]

@@ -19,8 +19,7 @@ from test_train import read_tensorboard_scalars
 
 from fxformer import checkpoint, evaluate, paths, train
 from fxformer.config import with_overrides
-from fxformer.early import counts as plateau_counts
-from fxformer.early import ended_at as early_end
+from fxformer.early import counts, ended_at
 from fxformer.metrics import logged
 
 
@@ -151,25 +150,25 @@ def test_early_stopping_counts_the_dev_evaluations_after_the_best_one(tmp_path):
         {"step": 80, "dev_ppl": 8.1},
     ]
     run.metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert early_end(run, "dev_ppl", 2) is None  # no best/ yet: nothing to count from
+    assert ended_at(run, "dev_ppl", 2) is None  # no best/ yet: nothing to count from
     (run.best / "40").mkdir(parents=True)
-    assert early_end(run, "dev_ppl", 2) == 80 and early_end(run, "dev_ppl", 1) == 60
-    assert early_end(run, "dev_ppl", 3) is None and early_end(run, "dev_ppl", 0) is None
-    assert early_end(run, "", 2) is None
+    assert ended_at(run, "dev_ppl", 2) == 80 and ended_at(run, "dev_ppl", 1) == 60
+    assert ended_at(run, "dev_ppl", 3) is None and ended_at(run, "dev_ppl", 0) is None
+    assert ended_at(run, "", 2) is None
     # a smallest improvement of 10%: 8.0 is 11% better than 9.0, 8.1 is not 10% better than 8.0
-    assert early_end(run, "dev_ppl", 2, min_delta=0.1) == 80
-    assert early_end(run, "dev_ppl", 2, min_delta=0.2) == 60  # 8.0 is not 20% better than 9.0 either
+    assert ended_at(run, "dev_ppl", 2, min_delta=0.1) == 80
+    assert ended_at(run, "dev_ppl", 2, min_delta=0.2) == 60  # 8.0 is not 20% better than 9.0 either
 
 
-def test_plateau_counts_restart_only_at_an_improvement_by_the_smallest_share():
+def test_the_plateau_count_restarts_only_at_an_improvement_by_the_smallest_share():
     values = [10.0, 9.0, 8.95, 8.92, 8.0, 8.1, 7.96]
-    assert plateau_counts(values, higher=False) == [0, 0, 0, 0, 0, 1, 0]  # any better value
+    assert counts(values, higher=False) == [0, 0, 0, 0, 0, 1, 0]  # any better value
     # 1%: 8.95 and 8.92 are within 1% of 9.0 (8.91 is the bound); 8.0 is not; 7.96 is 0.5% below 8.0
-    assert plateau_counts(values, higher=False, min_delta=0.01) == [0, 0, 1, 2, 0, 1, 2]
+    assert counts(values, higher=False, min_delta=0.01) == [0, 0, 1, 2, 0, 1, 2]
     bleu = [20.0, 20.1, 21.0, 20.5, 21.1]
-    assert plateau_counts(bleu, higher=True) == [0, 0, 0, 1, 0]
-    assert plateau_counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
-    assert plateau_counts([], higher=False) == []
+    assert counts(bleu, higher=True) == [0, 0, 0, 1, 0]
+    assert counts(bleu, higher=True, min_delta=0.02) == [0, 1, 0, 1, 2]  # 21.0 is 5% above 20.0
+    assert counts([], higher=False) == []
 
 
 PROBES = """

@@ -90,17 +90,19 @@ def test_the_ancestry_check_refuses_a_run_of_older_code():
     assert descends(AMENDED, old) and not descends(old, AMENDED)
 
 
-def test_the_frozen_numbers_are_what_freeze_prints_from_the_pilot():
-    """PLAN.md's "Frozen" figures are `experiments freeze`'s from the pilot's records; its sd
-    computed here again from the raw records with NumPy, and base's seeds as ceil(3 sqrt(8))."""
+def test_the_frozen_numbers_are_what_freeze_prints_from_the_pilot(capsys):
+    """PLAN.md's "Frozen" figures are what `python -m experiments freeze` prints from the pilot's
+    records; its sd computed here again from the raw records with NumPy, and base's seeds as
+    ceil(3 sqrt(8))."""
     import math
 
     import numpy as np
 
-    from experiments.analysis import freeze, records
+    from experiments.__main__ import main
 
     pilot = REPO / FOLDER / "pilot" / "records.jsonl.gz"
-    lines = freeze.frozen(records.read(pilot), ["C1", "C3", "C5", "C7", "D1", "D2", "D3", "big"], 3)
+    assert main(["freeze", str(pilot), "--rows=C1,C3,C5,C7,D1,D2,D3,big"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     _, *reps = (json.loads(line) for line in gzip.decompress(pilot.read_bytes()).decode().splitlines())
     ppl = [r["evals"]["validation"]["ppl"] for r in reps if r["row"] == "base" and r["state"] == "finished"]
     assert len(ppl) == 4 and math.ceil(3 * math.sqrt(8)) == 9

@@ -12,7 +12,7 @@ curves.png  each group's dev perplexity during training, mean over seeds with th
             where the records hold learning curves)
 budget.png  with an analysis plan that has readouts during training, each counted row's change versus
             the baseline at every shared dev evaluation, the plan applied there (experiments.analysis.budget)
-regime.png  two sweeps' tables side by side (drawn by experiments.regime, not `plot`): each row's
+regime.png  two sweeps' tables side by side (drawn by the `regime` verb, not `plot`): each row's
             change versus the baseline in both with the reference's, and the interaction
 """
 
@@ -86,9 +86,6 @@ def positions(recs: list[Row]) -> tuple[list[float], list[tuple[str, float, floa
     return places, groups
 
 
-VERDICT_COLORS = plans.VERDICT_COLORS
-
-
 def planned(j: plans.Judged | None) -> tuple[float | None, float | None, float | None]:
     """The plan's estimate of a row as percentages: (exp(Δ) - 1, and of the CI's ends)."""
     if j is None or j.estimate is None:
@@ -146,7 +143,7 @@ def delta_figure(sweep, recs: list[Row], path, judged: dict | None = None):
     first.set_yticks(places, [tick(r, judged.get(r.row)) for r in others])
     for label, r in zip(first.get_yticklabels(), others):  # the verdict in its colour
         if (j := judged.get(r.row)) is not None and j.verdict:
-            label.set_color(VERDICT_COLORS[j.verdict])
+            label.set_color(plans.VERDICT_COLORS[j.verdict])
     first.invert_yaxis()
     last = axes[0][-1]
     to_side = blended_transform_factory(last.transAxes, last.transData)
@@ -438,7 +435,7 @@ def regime_changes(left, sides, rows: list[str], places: list[float], noise: flo
             if shown != [value, low, high]:  # cut: the whole interval written, « » on the side beyond it
                 cut_low, cut_high = low < -limit, high > limit
                 text = f"{'« ' * cut_low}{value:+.1f}% [{low:+.1f}%, {high:+.1f}%]{' »' * cut_high} {verdict}"
-            ink = VERDICT_COLORS.get(table[row].verdict, "black")
+            ink = plans.VERDICT_COLORS.get(table[row].verdict, "black")
             point_label(left, text, shown[0], shown[1], shown[2], y + offset, ink)
     known = [(y, value) for y, value in zip(places, paper) if value is not None]
     for i, (y, value) in enumerate(known):

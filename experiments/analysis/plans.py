@@ -75,10 +75,14 @@ class Judged:
 
 
 def log_values(doc: dict, split: str, metric: str, readout: str, log: bool = True) -> tuple[dict, dict]:
-    """({row: {seed: log value}}, {row: seeds with a non-finite value}) at `readout`; runs without
-    a value there (unfinished, or ended before step N) are absent. `log=False`: the values themselves."""
+    """({row: {seed: log value}}, {row: seeds with a non-finite value}) at `readout`, of finished
+    runs only (a running run's curve already holds early steps: it would enter a step's model
+    before its row is complete); runs without a value there (ended before step N) are absent.
+    `log=False`: the values themselves."""
     values, diverged = {}, Counter()
     for rep in doc["replicates"]:
+        if rep.get("state", "finished") != "finished":  # (a hand-made document may name no state)
+            continue
         if readout == "final":
             value = rep["evals"].get(split, {}).get(metric)
         else:

@@ -15,7 +15,8 @@ header line, then one line per replicate:
      "curve": [{"step": 25, "tokens_seen": 23808.0, "loss": 5.1}, {"step": 100, ..., "dev_ppl": 9.8}, ...]}
 
 `curve` keeps, of each line of W/metrics.jsonl, the step, tokens seen, train loss, dev PPL and dev
-BLEU where measured. A results.json (an older one too) converts to records (`from_results`):
+BLEU where measured, and the training wall time so far (`wall_s`; records collected before it
+lack it). A results.json (an older one too) converts to records (`from_results`):
 each seed's final figures, no curves, and the header says so.
 """
 

@@ -140,8 +140,8 @@ def at_fraction(curve: dict[int, float], total_steps: int, fraction: float) -> f
 # ---------------------------------------------------------------------------------------------
 # The analysis plan (experiments/results/table3-regime/PLAN.md): every row against the baseline on
 # the log scale from one model of all rows, two families of tests each corrected by Holm's method,
-# and a verdict from both. statsmodels fits the model and corrects the p-values; scipy gives the
-# t and F distributions; the tests check both against closed forms.
+# and a verdict from both. statsmodels fits the model, `holm` corrects the p-values; scipy gives the
+# t and F distributions; the tests check them against closed forms (Holm against statsmodels' too).
 
 SCREEN_ALPHA = 0.01  # a row whose variance exceeds the pool of the others' at this level is tested alone (Welch)
 MARGINS = (0.02, 0.05, 0.10)  # equivalence margins, as relative changes of the metric (log(1 + m) on the log scale)

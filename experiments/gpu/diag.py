@@ -1,6 +1,6 @@
 """What-if measurements on a GPU: `fxformer.bench` with one part of the step changed.
 
-    python3 experiments/gpu/diag.py VARIANT [bench arguments...]
+    python3 -m experiments.gpu.diag VARIANT [bench arguments...]
 
 Diagnostics, not options: a variant that drops the mask trains a different model; it bounds
 what a change of that part could gain, so the next change is chosen by measurement.

@@ -9,7 +9,7 @@
 LIMIT=${LIMIT:-570} BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 source experiments/gpu/lib.sh
 BASE="--config=configs/base.py --config.model.dtype=bfloat16 --config.model.attention_impl=cudnn --steps=${STEPS:-20} --decode_batch=0 --json"
-B="python3 -m fxformer.bench"; D="python3 experiments/gpu/diag.py"
+B="python3 -m fxformer.bench"; D="python3 -m experiments.gpu.diag"
 ALL="head mask_heads_1 no_mask one_pass_loss no_dropout triton_gemm_off batch_2x head_again"
 [ -n "$SKIP_BENCHES" ] && BENCHES=""  # SKIP_BENCHES=1: the tests alone, with the whole call's time
 for name in ${BENCHES-$ALL}; do  # BENCHES="head one_pass_loss head_again": those alone, in that order

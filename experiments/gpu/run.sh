@@ -91,7 +91,7 @@ echo "=== pytest with ${left} s left"
 if [ $left -gt 45 ] && [ -z "$SKIP_TESTS" ]; then
   # -o addopts= : pyproject's -q would cancel -v, and -v names each test as it ends (a run cut off still says which failed)
   # tests/conftest.py keeps its compile flags (FAST_COMPILE) only where this jaxlib knows them: say which it is
-  $PY -c "import sys; sys.path.insert(0, 'tests'); from conftest import FAST_COMPILE, xla_knows; \
+  PYTHONPATH=tests:$PWD${PYTHONPATH:+:$PYTHONPATH} $PY -c "from conftest import FAST_COMPILE, xla_knows; \
 print('XLA', 'knows' if xla_knows(FAST_COMPILE) else 'refuses (the tests go without)', 'the tests\' compile flags', FAST_COMPILE)"
   # SIGINT at the limit: pytest then prints its summary of the tests that ran (SIGTERM ends it silently)
   timeout -s INT -k 15 $left $PY -m pytest -o addopts= -v --tb=short -p no:cacheprovider -n ${WORKERS:-8} --dist loadfile -rfEs \

@@ -3,9 +3,9 @@
 # finished runs and resumes a stopped one from its checkpoint. Alone on the 2-core CPU, two runs side
 # by side; each finished run's records are committed as they land (land.sh, beside this script).
 # The runs after PLAN.md's amendment are regime-runs.sh's.
-#   regime-sweep.sh pilot   base seeds 0-3 (the noise pilot), records into the folder's pilot/
+#   regime-sweep.sh pilot   base seeds 0-3 (the noise pilot), records into experiments/results/table3-regime/pilot
 #   regime-sweep.sh sweep   the rows of PLAN.md (base's 9 seeds, 3 of each other row) in its order, records
-#                  into this folder: two rows a call (seed by seed within it), so that two runs
+#                  into experiments/results/table3-regime: two rows a call (seed by seed within it), so that two runs
 #                  always share the cores and each call ends with its rows complete; big, a row
 #                  alone, runs its three seeds at once (two side by side would leave the third
 #                  alone on one core for half the row's time); with each landing, the figures
