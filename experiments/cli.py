@@ -4,6 +4,7 @@ damaged. Imports nothing of fxformer's but its error type and duration format, a
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -70,3 +71,13 @@ def read_json(path, what: str, fix: str):
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} ({what}) is damaged ({e.__class__.__name__}: {e}); {fix}.") from None
+
+
+def verb_parser(verb: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The flags parser of `python -m experiments <verb>`, its description shown as written."""
+    return argparse.ArgumentParser(
+        prog=f"python -m experiments {verb}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )

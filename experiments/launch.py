@@ -25,7 +25,7 @@ from pathlib import Path
 
 from experiments import backends
 from experiments.backends import Outcome
-from experiments.cli import flag_value, say, split_at_dashes
+from experiments.cli import flag_value, say, split_at_dashes, verb_parser
 from experiments.job import Job, default_logdir
 from fxformer import exitcodes
 from fxformer.errors import UserError
@@ -105,12 +105,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def main(verb: str, argv: list[str]) -> int:
     ours, train_flags = split_at_dashes(argv)
-    p = argparse.ArgumentParser(
-        prog=f"python -m experiments {verb}",
-        description=f"{VERBS[verb]}.\n\n{__doc__}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Everything after -- is passed to fxformer.train.",
-    )
+    p = verb_parser(verb, f"{VERBS[verb]}.\n\n{__doc__}", epilog="Everything after -- is passed to fxformer.train.")
     add_flags(p)
     args = p.parse_args(ours)
     args.default_name = "setup" if verb == "setup" else ""  # setting up machines concerns no run

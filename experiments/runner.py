@@ -34,7 +34,7 @@ from experiments import status as status_verb
 from experiments import sweep as sweeps
 from experiments.analysis import figures, records, report
 from experiments.backends import Backend, Launched, Outcome
-from experiments.cli import commit_label, duration, say, split_at_dashes
+from experiments.cli import commit_label, duration, say, split_at_dashes, verb_parser
 from experiments.context import Context, Replicate
 from experiments.rowstate import RowState, RowStatus
 from fxformer import exitcodes, paths
@@ -52,12 +52,8 @@ VERBS = {
 
 
 def parser(verb: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=f"python -m experiments {verb}",
-        description=f"{VERBS[verb]}.\n\n{__doc__}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Everything after -- is passed to every row's fxformer.train.",
-    )
+    epilog = "Everything after -- is passed to every row's fxformer.train."
+    p = verb_parser(verb, f"{VERBS[verb]}.\n\n{__doc__}", epilog=epilog)
     p.add_argument("sweep", help="a sweep: table3 (configs/table3.py), or a config file with sweep(profile)")
     p.add_argument("--root", default="", help="the sweep's directory, a path or URL (default: runs/<sweep>-<profile>)")
     p.add_argument(

@@ -203,3 +203,8 @@ def load(name: str, profile: str) -> Sweep:
     if profiles is not None and profile_name(profile) not in profiles:
         raise UserError(f"Unknown profile '{profile}' for {name}; choose one of {', '.join(profiles)}.")
     return from_dict(path.stem, profile, module.sweep(profile))
+
+
+def of_records(header: dict) -> Sweep:
+    """The sweep a records file was collected from: its header's sweep and profile."""
+    return load(header["sweep"], header["profile"])

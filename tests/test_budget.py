@@ -21,7 +21,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 def load(folder: str):
     doc = records.read(RESULTS / folder / "records.jsonl.gz")
     header = doc["header"]
-    return sweep_module.load(header["sweep"], header["profile"]), doc
+    return sweep_module.of_records(header), doc
 
 
 def test_each_step_is_the_difference_of_mean_log_perplexities_and_the_readouts_are_the_analysis():

@@ -12,7 +12,7 @@ PATH_EDITS_ALLOWED = {"fxformer/configfile.py"}  # make_importable: a config fil
 
 
 def python_files(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (REPO / folder).rglob("*.py") if ".venv" not in p.parts)
+    return sorted(p for folder in folders for p in (REPO / folder).rglob("*.py"))
 
 
 def long_functions(path: Path, root: Path = REPO) -> list[str]:

@@ -455,5 +455,5 @@ def test_a_row_budget_and_the_base_seeds_count_finished_runs_only():
     assert found["steps"] == sorted({rep["step"] for rep in rest})
     assert found["tokens"] == pytest.approx(np.mean([rep["curve"][-1]["tokens_seen"] for rep in rest]))
     assert found["params"] == whole["params"] and found["flops"] == pytest.approx(6 * found["params"] * found["tokens"])
-    table = regime.Table("t", sweep_module.load(doc["header"]["sweep"], doc["header"]["profile"]), partial, [])
+    table = regime.Table("t", sweep_module.of_records(doc["header"]), partial, [])
     assert regime.base_quality(table).startswith(f"{len(rest)} seeds, dev PPL ")

@@ -10,12 +10,12 @@ power (`stats.choose_margin`). The regime table's PLAN.md ("Frozen") took its fi
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 
 from experiments import sweep as sweep_module
 from experiments.analysis import plans, records, stats
+from experiments.cli import verb_parser
 from fxformer import exitcodes
 from fxformer.errors import UserError
 
@@ -49,17 +49,13 @@ def frozen(doc: dict, rows: list[str], row_seeds: int, split: str = "validation"
 
 def main(argv: list[str]) -> int:
     """The `freeze` verb of `python -m experiments`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments freeze",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser("freeze", __doc__.split("\n\n")[0])
     parser.add_argument("pilot", help="records.jsonl.gz of the noise pilot (base's seeds, collected)")
     parser.add_argument("--rows", required=True, help="the rows the sweep compares with base, comma-separated")
     args = parser.parse_args(argv)
     doc = records.read(args.pilot)
     header = doc["header"]
-    sweep = sweep_module.load(header["sweep"], header["profile"])
+    sweep = sweep_module.of_records(header)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in {run.name for run in sweep.runs}]
     if unknown:

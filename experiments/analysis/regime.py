@@ -14,13 +14,13 @@ beside the second file). Imports no JAX.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
 
 from experiments import sweep as sweep_module
 from experiments.analysis import figures, plans, records, stats
+from experiments.cli import verb_parser
 from fxformer import exitcodes, paths
 
 
@@ -37,7 +37,7 @@ class Table:
 def load(path: str) -> Table:
     doc = records.read(path)
     header = doc["header"]
-    sweep = sweep_module.load(header["sweep"], header["profile"])
+    sweep = sweep_module.of_records(header)
     return Table(header["profile"].partition(":")[0], sweep, doc, plans.judge(sweep, doc, plans.Plan.of(sweep)))
 
 
@@ -140,11 +140,7 @@ def figure(first: Table, second: Table, path):
 
 def main(argv: list[str]) -> int:
     """The `regime` verb of `python -m experiments`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments regime",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser("regime", __doc__.split("\n\n")[0])
     parser.add_argument("first", help="records.jsonl.gz of the first table (e.g. the 6,000-pair one)")
     parser.add_argument("second", help="records.jsonl.gz of the second table (e.g. the full regime)")
     parser.add_argument(
