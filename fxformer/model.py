@@ -69,7 +69,9 @@ class TransformerConfig:
     segment_attention: str = "mask"
     dropout_bits: int = 32  # 8: dropout masks from bytes, four per random 32-bit word (`fxformer.kernels.dropout`)
     residual_norm: str = "flax"  # "fused": post-norm's LayerNorm(x + Dropout(y)), `kernels.norm`
-    loss_impl: str = "reductions"  # "one_pass": the loss's sums from one pass over the logits (`fxformer.optim`)
+    # "one_pass": the loss's sums from one pass over the logits (`fxformer.optim`); "fused": the
+    # projection and the loss in one kernel, the logits never written (`kernels.projected_loss`)
+    loss_impl: str = "reductions"
     decode: bool = False  # one target position per call, with a key/value cache
 
     def __post_init__(self):
@@ -100,7 +102,7 @@ class TransformerConfig:
 
 SEGMENT_ATTENTION = ("mask", "cudnn_offsets", "pallas")
 RESIDUAL_NORMS = ("flax", "fused")
-LOSS_IMPLS = ("reductions", "one_pass")
+LOSS_IMPLS = ("reductions", "one_pass", "fused")
 
 
 def option_problem(c) -> str | None:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from fxformer.kernels import projected_loss
 from fxformer.metrics import TOKEN_SUMS
 from fxformer.model import shared_embedding, vocabulary_logits
 from fxformer.tokens import PAD_ID
@@ -156,6 +157,21 @@ def one_pass_cross_entropy_sums(
 LOSSES = {"reductions": cross_entropy_sums, "one_pass": one_pass_cross_entropy_sums}  # model.loss_impl
 
 
+def projected_cross_entropy_sums(
+    hidden: Array, embedding: Array, targets: Array, weights: Array, label_smoothing: float, dtype
+) -> dict[str, Array]:
+    """`cross_entropy_sums` of the logits `vocabulary_logits(hidden, embedding, dtype)`, with the
+    projection and the reductions in one kernel (`fxformer.kernels.projected_loss`): the logits
+    [tokens, vocab] are never written, in the forward pass or the backward. `model.loss_impl=fused`."""
+    with jax.named_scope("cross_entropy"):
+        lse, q_sum, target_logit, top = projected_loss.projected_reductions(
+            hidden, embedding, targets, label_smoothing, dtype
+        )
+        smoothed, nll, correct = lse - q_sum, lse - target_logit, (target_logit >= top).astype(jnp.float32)
+        sums = (smoothed * weights).sum(), (nll * weights).sum(), (correct * weights).sum(), weights.sum()
+    return dict(zip(SUMS, sums, strict=True))
+
+
 def chunked_cross_entropy_sums(
     hidden: Array,
     embedding: Array,
@@ -196,9 +212,11 @@ def chunked_cross_entropy_sums(
 def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chunk: int = 0) -> dict[str, Array]:
     """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
     dropout on when `rng` is given; `chunk` > 0: the projection and loss `chunk` tokens at a time.
-    The sums are taken as the model's `loss_impl` says (`LOSSES`): the option lives in the model's
+    The sums are taken as the model's `loss_impl` says (`LOSSES`, or "fused": the projection and the
+    loss in one kernel, where `chunk` has nothing left to save): the option lives in the model's
     config, so every caller that passes the model gets it with no argument of its own."""
     packed = "inputs_segment_ids" in batch
+    fused = model.config.loss_impl == "fused"
     out = model.apply(
         {"params": params},
         batch["inputs"],
@@ -208,12 +226,17 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chun
         inputs_positions=batch["inputs_positions"] if packed else None,
         targets_positions=batch["targets_positions"] if packed else None,
         deterministic=rng is None,
-        project=not chunk,
+        project=not (chunk or fused),
         rngs={"dropout": rng} if rng is not None else None,
     )  # logits [b, l, vocab], or with `chunk` the decoder's output [b, l, d_model]
     weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
     if "example_mask" in batch:
         weights = weights * batch["example_mask"][:, None]
+    if fused:
+        embedding = shared_embedding(params)
+        return projected_cross_entropy_sums(
+            out, embedding, batch["targets"], weights, label_smoothing, model.config.dtype
+        )
     sums_of = LOSSES[model.config.loss_impl]
     if chunk:
         embedding = shared_embedding(params)

@@ -14,10 +14,18 @@ import pytest
 
 from fxformer import optim
 from fxformer.errors import UserError
-from fxformer.kernels import dropout, segments
+from fxformer.kernels import dropout, projected_loss, segments
 from fxformer.kernels.attention import block_ranges, segment_attention
 from fxformer.kernels.norm import residual_layer_norm
-from fxformer.model import AttentionMask, Transformer, TransformerConfig, dense_mask, dot_product_attention, heads_first
+from fxformer.model import (
+    AttentionMask,
+    Transformer,
+    TransformerConfig,
+    dense_mask,
+    dot_product_attention,
+    heads_first,
+    vocabulary_logits,
+)
 
 ON_GPU = jax.default_backend() == "gpu"
 BLOCK = 4  # small tiles, so rows of 9 to 12 span several and the skipping is exercised
@@ -302,29 +310,82 @@ def test_the_fused_residual_layer_norm_equals_flax_layer_norm_of_the_sum(dtype, 
 
 
 def test_the_models_kernel_options_compute_the_same_model_and_loss():
-    """residual_norm=fused and loss_impl=one_pass against the defaults: the same parameters (a
-    checkpoint loads into either), logits, loss sums and gradients in float32."""
+    """residual_norm=fused with loss_impl=one_pass or fused against the defaults: the same
+    parameters (a checkpoint loads into either), loss sums and gradients in float32."""
     config = TransformerConfig(vocab_size=31, num_layers=2, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, max_len=32)
-    fused = dataclasses.replace(config, residual_norm="fused", loss_impl="one_pass")
+    options = [dataclasses.replace(config, residual_norm="fused", loss_impl=impl) for impl in ("one_pass", "fused")]
     rng = np.random.default_rng(0)
     batch = {"inputs": rng.integers(4, 31, (3, 9)), "targets": rng.integers(4, 31, (3, 7))}
     batch["targets"][1, 5:] = 0  # padding
     batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
     params = Transformer(config).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-    assert jax.tree.structure(params) == jax.tree.structure(
-        Transformer(fused).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-    )
+    for fused in options:
+        assert jax.tree.structure(params) == jax.tree.structure(
+            Transformer(fused).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
+        )
 
     @functools.partial(jax.jit, static_argnums=0)
     def sums_and_grads(c, params):
         loss = lambda p: optim.loss_sums(p, batch, Transformer(c), 0.1)  # noqa: E731
         return loss(params), jax.grad(lambda p: loss(p)["loss"])(params)
 
-    (want, want_grads), (got, got_grads) = sums_and_grads(config, params), sums_and_grads(fused, params)
-    for key in optim.SUMS:
-        np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-5)
-    for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+    want, want_grads = sums_and_grads(config, params)
+    for fused in options:
+        got, got_grads = sums_and_grads(fused, params)
+        for key in optim.SUMS:
+            np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-5)
+        for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "kernel", "blocks"))
+def projected_sums_and_gradients(hidden, embedding, targets, weights, dtype, kernel, blocks=(16, 16)):
+    """A weighted sum of the four per-token reductions, and its gradients in hidden and embedding."""
+
+    def total(hidden, embedding):
+        if kernel:
+            out = projected_loss.projected_reductions(hidden, embedding, targets, 0.1, dtype, *blocks)
+        else:
+            out = optim.logit_reductions(vocabulary_logits(hidden, embedding, dtype), targets, 0.1)
+        return sum((o * w).sum() for o, w in zip(out[:3], weights, strict=True)), out
+
+    return jax.value_and_grad(total, argnums=(0, 1), has_aux=True)(hidden, embedding)
+
+
+def projected_inputs(rows=37, vocab=53, d=8, seed=0):
+    """Rows and a vocabulary that fill no whole block of 16 (the padding on both sides exercised)."""
+    rng = np.random.default_rng(seed)
+    hidden = jnp.asarray(rng.normal(size=(3, rows, d)), jnp.float32)
+    embedding = jnp.asarray(rng.normal(size=(vocab, d)) * 0.5, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, vocab, size=(3, rows)), jnp.int32)
+    return hidden, embedding, targets, jnp.asarray(rng.normal(size=(3, 3, rows)), jnp.float32)
+
+
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 64)])
+def test_the_fused_projection_and_loss_equal_the_reductions_of_the_projected_logits(blocks):
+    """Value and gradients (hidden and embedding) of the kernel against `optim.logit_reductions`
+    of `model.vocabulary_logits`, in float32, at blocks of 16 or more (the GPU's)."""
+    args = projected_inputs()
+    (total, out), grads = projected_sums_and_gradients(*args, jnp.float32, True, blocks)
+    (want_total, want), want_grads = projected_sums_and_gradients(*args, jnp.float32, False)
+    for a, b in zip(out, want, strict=True):  # log-sum-exp, q-weighted sum, target's logit, largest logit
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(float(total), float(want_total), rtol=1e-5)
+    for g, w in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-5)
+
+
+def test_the_fused_projection_and_loss_in_bfloat16_are_as_close_to_float32_as_the_reference_in_bfloat16():
+    """In bfloat16 the logits and their gradient are rounded as the model's are: the kernel is no
+    further from the float32 result than the reference computed in bfloat16, and close to it."""
+    args = projected_inputs(seed=1)
+    (_, exact), exact_grads = projected_sums_and_gradients(*args, jnp.float32, False)
+    (_, out), grads = projected_sums_and_gradients(*args, jnp.bfloat16, True)
+    (_, ref), ref_grads = projected_sums_and_gradients(*args, jnp.bfloat16, False)
+    exact, got, want = (*exact, *exact_grads), (*out, *grads), (*ref, *ref_grads)
+    for e, g, w in zip(exact, got, want, strict=True):
+        assert float(jnp.abs(g - e).max()) <= 1.5 * float(jnp.abs(w - e).max()) + 1e-6
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), atol=2e-2, rtol=2e-2)
 
 
 def test_the_one_pass_loss_option_runs_in_loss_chunks_too():

@@ -5,5 +5,7 @@ option (`fxformer/schema.py`, section `model`) whose default keeps the step as i
   interpreter elsewhere) that computes only the tiles a segment can see;
 - `segments.py`: the packing as cuDNN's packed-segment layout (offsets and lengths per
   segment), and the call of cuDNN's fused attention with it;
-- `dropout.py`: dropout from 8-bit random numbers.
+- `dropout.py`: dropout from 8-bit random numbers;
+- `projected_loss.py`: the pre-softmax projection and the loss's reductions in one kernel, the
+  logits [tokens, vocab] never written to memory (the backward recomputes them tile by tile).
 """
