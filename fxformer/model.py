@@ -25,8 +25,8 @@ import numpy as np
 
 from fxformer.config import attention_impl, head_widths
 from fxformer.errors import UserError
+from fxformer.kernels import counter_dropout, segments
 from fxformer.kernels import dropout as byte_dropout
-from fxformer.kernels import segments
 from fxformer.kernels.attention import segment_attention
 from fxformer.kernels.norm import ResidualLayerNorm
 from fxformer.tokens import BOS_ID, PAD_ID
@@ -68,7 +68,10 @@ class TransformerConfig:
     # `fxformer.kernels.attention`, which visits only the tiles a segment can see (any backend).
     segment_attention: str = "mask"
     dropout_bits: int = 32  # 8: dropout masks from bytes, four per random 32-bit word (`fxformer.kernels.dropout`)
-    residual_norm: str = "flax"  # "fused": post-norm's LayerNorm(x + Dropout(y)), `kernels.norm`
+    # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own gradient, `kernels.norm`; "pallas":
+    # the dropout, the sum and the norm in one kernel, the mask from counters in it (and the
+    # feed-forward's ReLU + dropout too), `kernels.counter_dropout`
+    residual_norm: str = "flax"
     # "one_pass": the loss's sums from one pass over the logits (`fxformer.optim`); "fused": the
     # projection and the loss in one kernel, the logits never written (`kernels.projected_loss`)
     loss_impl: str = "reductions"
@@ -101,7 +104,7 @@ class TransformerConfig:
 
 
 SEGMENT_ATTENTION = ("mask", "cudnn_offsets", "pallas")
-RESIDUAL_NORMS = ("flax", "fused")
+RESIDUAL_NORMS = ("flax", "fused", "pallas")
 LOSS_IMPLS = ("reductions", "one_pass", "fused")
 
 
@@ -121,6 +124,8 @@ def option_problem(c) -> str | None:
         return f"model.dropout_bits must be 8 or 32, not {c.dropout_bits!r}"
     if c.residual_norm not in RESIDUAL_NORMS:
         return f"model.residual_norm must be one of {', '.join(RESIDUAL_NORMS)}, not {c.residual_norm!r}"
+    if c.residual_norm == "pallas" and c.norm != "post":
+        return "model.residual_norm=pallas is post-norm's LayerNorm(x + Dropout(y)): it needs model.norm=post"
     if c.loss_impl not in LOSS_IMPLS:
         return f"model.loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {c.loss_impl!r}"
     return None
@@ -511,8 +516,12 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         c = self.config
-        h = nn.relu(nn.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x))
-        h = make_dropout(c, c.relu_dropout_rate)(h, deterministic=deterministic)
+        h = nn.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x)
+        if c.residual_norm == "pallas" and c.relu_dropout_rate > 0 and not deterministic:  # one kernel
+            key = counter_dropout.key_data(self.make_rng("dropout"))
+            h = counter_dropout.relu_dropout(key, h, counter_dropout.SITES["relu"], c.relu_dropout_rate)
+        else:
+            h = make_dropout(c, c.relu_dropout_rate)(nn.relu(h), deterministic=deterministic)
         return nn.Dense(c.d_model, kernel_init=xavier_uniform, dtype=c.dtype, name="output")(h)
 
 
@@ -521,6 +530,11 @@ def residual(c: TransformerConfig, x: Array, sublayer, name: str, deterministic:
 
     Call it inside a compact method: the LayerNorm it creates belongs to the caller.
     """
+    if c.residual_norm == "pallas":  # post-norm (option_problem): dropout, sum and norm in one kernel
+        norm = counter_dropout.DropoutResidualNorm(
+            c.dropout_rate, counter_dropout.SITES[name], c.dtype, name=f"{name}_norm"
+        )
+        return norm(x, sublayer(x), deterministic)
     drop = make_dropout(c, c.dropout_rate)
     if c.norm == "post" and c.residual_norm == "fused":
         return ResidualLayerNorm(dtype=c.dtype, name=f"{name}_norm")(x, drop(sublayer(x), deterministic=deterministic))

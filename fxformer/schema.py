@@ -63,7 +63,9 @@ def model_section() -> ml_collections.ConfigDict:
     # the kernel options below compute the same model (tests/test_kernels.py); the defaults keep the step as it was
     section.segment_attention = "mask"  # "cudnn_offsets" / "pallas": packed rows' attention skips what no segment sees
     section.dropout_bits = 32  # 8: dropout masks from bytes, a quarter of the random-number work (keep 230/256 at 0.1)
-    section.residual_norm = "flax"  # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own one-pass gradient
+    # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own one-pass gradient; "pallas": the
+    # dropout, the sum and the norm in one kernel, the mask from counters in it (the ReLU's dropout too)
+    section.residual_norm = "flax"
     # "one_pass": the loss's four sums in one pass over the [tokens, vocab] logits; "fused": the
     # pre-softmax projection and the loss in one kernel, the logits never written to memory
     section.loss_impl = "reductions"

@@ -6,6 +6,8 @@ option (`fxformer/schema.py`, section `model`) whose default keeps the step as i
 - `segments.py`: the packing as cuDNN's packed-segment layout (offsets and lengths per
   segment), and the call of cuDNN's fused attention with it;
 - `dropout.py`: dropout from 8-bit random numbers;
+- `counter_dropout.py`: post-norm's LayerNorm(x + Dropout(y)), and the feed-forward's ReLU +
+  dropout, each one kernel whose mask is computed in it from counters (no random-bits pass);
 - `projected_loss.py`: the pre-softmax projection and the loss's reductions in one kernel, the
   logits [tokens, vocab] never written to memory (the backward recomputes them tile by tile).
 """
