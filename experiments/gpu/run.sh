@@ -1,4 +1,6 @@
 #!/bin/bash
+# Superseded by experiments/gpu/queue.py (a priority list within a time limit, each item recorded as it
+# finishes, its CPU rehearsal a test); kept as the script that made experiments/results/gpu/h200-2026-11-28.
 # One prepared GPU call for the packing-aware options (fxformer/kernels/; model.segment_attention,
 # dropout_bits, residual_norm, loss_impl): the base bf16 step as it is (fxformer.bench, the README's
 # command), then in one process (experiments/gpu/variants.py, timed in turns) the step on the packed
