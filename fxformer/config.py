@@ -429,7 +429,14 @@ class DecodeOptions:
 
 # How the model is computed, not what it is (the same parameters, the same function): may change
 # on resume. dropout_bits draws other dropout masks, as a resume on other devices may.
-RUNTIME_FIELDS = {"attention_impl", "segment_attention", "dropout_bits", "residual_norm", "loss_impl"}
+RUNTIME_FIELDS = {
+    "attention_impl",
+    "segment_attention",
+    "segment_block_k",
+    "dropout_bits",
+    "residual_norm",
+    "loss_impl",
+}
 
 
 def load_workdir_config(workdir: paths.Workdir) -> ml_collections.ConfigDict:

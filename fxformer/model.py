@@ -67,6 +67,7 @@ class TransformerConfig:
     # segment's offset and length (`fxformer.kernels.segments`; attention_impl "cudnn"); "pallas",
     # `fxformer.kernels.attention`, which visits only the tiles a segment can see (any backend).
     segment_attention: str = "mask"
+    segment_block_k: int = 64  # segment_attention=pallas: keys per tile (queries per tile: 64)
     dropout_bits: int = 32  # 8: dropout masks from bytes, four per random 32-bit word (`fxformer.kernels.dropout`)
     # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own gradient, `kernels.norm`; "pallas":
     # the dropout, the sum and the norm in one kernel, the mask from counters in it (and the
@@ -110,7 +111,7 @@ LOSS_IMPLS = ("reductions", "one_pass", "fused")
 
 def option_problem(c) -> str | None:
     """What is wrong with the kernel options of a model's config (`TransformerConfig`'s fields
-    segment_attention, dropout_bits, residual_norm, loss_impl), in one sentence, or None."""
+    segment_attention, segment_block_k, dropout_bits, residual_norm, loss_impl), in one sentence, or None."""
     if c.segment_attention not in SEGMENT_ATTENTION:
         return f"model.segment_attention must be one of {', '.join(SEGMENT_ATTENTION)}, not {c.segment_attention!r}"
     if c.segment_attention == "cudnn_offsets" and c.attention_impl != "cudnn":
@@ -120,6 +121,8 @@ def option_problem(c) -> str | None:
             f"model.segment_attention={c.segment_attention} computes no attention weights to drop: "
             "it needs model.attention_dropout_rate=0"
         )
+    if c.segment_block_k < 16 or c.segment_block_k & (c.segment_block_k - 1):
+        return f"model.segment_block_k must be a power of two of at least 16 (a Triton tile), not {c.segment_block_k!r}"
     if c.dropout_bits not in (8, 32):
         return f"model.dropout_bits must be 8 or 32, not {c.dropout_bits!r}"
     if c.residual_norm not in RESIDUAL_NORMS:
@@ -410,7 +413,8 @@ class MultiHeadAttention(nn.Module):
         query = self._heads(inputs_q, "query", c.d_k)  # [b, q, h, d_k]
         if c.segment_attention == "pallas" and not c.decode:  # decoding attends one query: the reference path
             key, value = self._keys_values(inputs_kv)
-            heads = segment_attention(query, key, value, mask.q_segments, mask.kv_segments, mask.causal)
+            segments = (mask.q_segments, mask.kv_segments)
+            heads = segment_attention(query, key, value, *segments, mask.causal, block_k=c.segment_block_k)
         elif c.attention_impl == "cudnn" and not c.decode:
             offsets = c.segment_attention == "cudnn_offsets"
             heads = fused_attention(query, *self._keys_values(inputs_kv), mask, "cudnn", offsets)

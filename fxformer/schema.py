@@ -62,6 +62,7 @@ def model_section() -> ml_collections.ConfigDict:
     section.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
     # the kernel options below compute the same model (tests/test_kernels.py); the defaults keep the step as it was
     section.segment_attention = "mask"  # "cudnn_offsets" / "pallas": packed rows' attention skips what no segment sees
+    section.segment_block_k = 64  # segment_attention=pallas: keys per tile (a power of two, 16 or more)
     section.dropout_bits = 32  # 8: dropout masks from bytes, a quarter of the random-number work (keep 230/256 at 0.1)
     # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own one-pass gradient; "pallas": the
     # dropout, the sum and the norm in one kernel, the mask from counters in it (the ReLU's dropout too)

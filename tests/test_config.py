@@ -92,6 +92,7 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "model.dropout_bits",
         "model.residual_norm",
         "model.loss_impl",
+        "model.segment_block_k",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -112,6 +113,7 @@ def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fie
         "model": {  # the kernel options, each at the value that keeps the step as it was
             **written["model"],
             "segment_attention": "mask",
+            "segment_block_k": 64,
             "dropout_bits": 32,
             "residual_norm": "flax",
             "loss_impl": "reductions",

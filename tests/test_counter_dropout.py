@@ -142,6 +142,7 @@ def test_the_models_pallas_residuals_train_with_their_own_masks_and_evaluate_as_
     init = Transformer(pallas).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
     assert jax.tree.structure(params) == jax.tree.structure(init)
 
+    @functools.partial(jax.jit, static_argnums=0)
     def loss_and_grads(c, key=None):
         loss = lambda p: optim.loss_sums(p, batch, Transformer(c), 0.1, rng=key)["loss"]  # noqa: E731
         return jax.value_and_grad(loss)(params)

@@ -35,8 +35,8 @@ def test_the_rehearsal_runs_every_item_in_order_and_records_each(rehearsal):
     out, done = rehearsal
     assert done.returncode == 0, done.stderr[-3000:]
     records = lines(out)
-    assert [r["item"] for r in records] == ["tests", "noise", "options", "profile", "peer"]
-    assert [r["state"] for r in records] == ["done"] * 4 + ["cannot run here"]  # no .peer/ in a checkout
+    assert [r["item"] for r in records] == ["tests", "noise", "options", "profile", "peer", "later"]
+    assert [r["state"] for r in records] == ["done"] * 4 + ["cannot run here", "done"]  # no .peer/ in a checkout
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     facts = json.loads((out / "environment.json").read_text())
     assert facts["platform"] == "cpu" and facts["commit"].startswith(head) and facts["packages"]["jax"]
@@ -70,6 +70,15 @@ def test_the_noise_and_options_items_give_quartiles_the_floor_and_each_saving(re
     assert list(bench) == names and all(r["options"] is not None for r in bench.values())
 
 
+def test_the_later_item_sets_smaller_key_tiles_and_a_padded_vocabulary_against_the_best(rehearsal):
+    out, _ = rehearsal
+    later = next(r for r in lines(out) if r["item"] == "later")
+    assert list(later["saving_ms"]) == ["keys_32", "keys_16", "vocab_128"] and not later["errors"]
+    bench = queue.read_bench(out / "bench-later.jsonl")
+    assert bench["keys_16"]["options"]["model.segment_block_k"] == 16
+    assert bench["vocab_128"]["options"]["data.vocab_size"] == 128  # 120 padded to a multiple of 128
+
+
 def test_the_profile_item_keeps_its_table_and_drops_the_trace(rehearsal):
     out, _ = rehearsal
     table = (out / "profile.txt").read_text()
@@ -83,7 +92,7 @@ def test_a_second_call_finds_every_item_finished(rehearsal):
     before = (out / "queue.jsonl").read_text()
     again = rehearse(out)
     assert again.returncode == 0 and (out / "queue.jsonl").read_text() == before
-    assert again.stdout.count("before; skipped") == 5
+    assert again.stdout.count("before; skipped") == 6
 
 
 def test_an_item_stopped_at_the_limit_is_not_finished_and_comes_first_next_time(tmp_path):

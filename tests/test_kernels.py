@@ -209,7 +209,7 @@ def test_this_jax_has_the_private_cudnn_arguments_the_packed_route_calls():
     assert segments.packed_cudnn_problem() is None  # the signature checked, as the route checks it before a call
 
 
-def test_the_cudnn_offsets_option_is_refused_without_cudnn_attention_in_one_sentence():
+def test_the_kernel_options_that_cannot_be_built_are_refused_in_one_sentence():
     from fxformer.configfile import load_config
 
     config = load_config("configs/default.py")
@@ -218,6 +218,12 @@ def test_the_cudnn_offsets_option_is_refused_without_cudnn_attention_in_one_sent
         TransformerConfig.from_config(config.model, 100)
     config.model.segment_attention, config.model.dropout_bits = "mask", 16
     with pytest.raises(UserError, match="dropout_bits must be 8 or 32"):
+        TransformerConfig.from_config(config.model, 100)
+    config.model.dropout_bits, config.model.segment_block_k = 32, 48
+    with pytest.raises(UserError, match="segment_block_k must be a power of two of at least 16"):
+        TransformerConfig.from_config(config.model, 100)
+    config.model.segment_block_k, config.model.residual_norm, config.model.norm = 64, "pallas", "pre"
+    with pytest.raises(UserError, match="residual_norm=pallas is post-norm's"):
         TransformerConfig.from_config(config.model, 100)
 
 

@@ -14,9 +14,10 @@ The items, in order (`ITEMS`):
      process; each saving set against the noise floor;
   4. profile: `fxformer.profile` of the best configuration so far (per-operation table in
      profile.txt and profile/profile.json; the trace and HLO are not kept);
-  5. peer: the Flax WMT example's step beside fxformer's (experiments/gpu/peer.py; needs .peer/).
-Later items join the list as their options land (merged Q/K/V projections, a vocabulary padded to
-a multiple of 128, smaller key blocks in the segment kernel, one flat optimizer update).
+  5. peer: the Flax WMT example's step beside fxformer's (experiments/gpu/peer.py; needs .peer/);
+  6. later: the best configuration beside smaller key tiles in the segment kernel (32, 16) and the
+     vocabulary padded to a multiple of 128, in one process.
+Merged Q/K/V projections and one flat optimizer update join the list as their options land.
 
 Before anything runs, the packages fxformer and the items import are checked (and installed from
 .whl/, experiments/gpu/wheels.txt, where it is there); a missing one is refused in one sentence.
@@ -31,7 +32,6 @@ rehearsal, a test), one quick test for the tests item.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -52,7 +52,21 @@ OPTIONS = (  # NAME:BATCH:OPTIONS for experiments/gpu/variants.py, the step as i
     f"best:packed:{BEST}",
     "best_new:packed:segment_attention=pallas,residual_norm=pallas,loss_impl=fused",
 )
-GPU = {"config": "configs/base.py", "dtype": "bfloat16", "attention": "cudnn", "steps": 10, "rounds": 3, "shapes": ()}
+LATER = (  # the best configuration so far beside what might take it further, one process
+    f"best:packed:{BEST}",
+    f"keys_32:packed:{BEST},segment_block_k=32",
+    f"keys_16:packed:{BEST},segment_block_k=16",
+    f"vocab_128:packed:{BEST},data.vocab_size={{vocab_128}}",  # the vocabulary padded to a multiple of 128
+)
+GPU = {
+    "config": "configs/base.py",
+    "dtype": "bfloat16",
+    "attention": "cudnn",
+    "steps": 10,
+    "rounds": 3,
+    "shapes": (),
+    "vocab": 37000,
+}
 CPU = {
     "config": "configs/default.py",
     "dtype": "float32",
@@ -64,10 +78,11 @@ CPU = {
         "model.d_model=32",
         "model.d_ff=64",
         "model.num_heads=2",
-        "data.vocab_size=128",
+        "data.vocab_size=120",
         "data.tokens_per_batch=128",
         "data.max_length=16",
     ),
+    "vocab": 120,
 }
 GPU_TESTS = ("tests/test_kernels.py", "tests/test_counter_dropout.py", "tests/test_model.py")
 CPU_TESTS = ("tests/test_counter_dropout.py::test_threefry_gives_random123s_known_answer_and_jaxs_own_words",)
@@ -144,52 +159,52 @@ def peer_command(setting: dict, out: Path) -> list[str] | None:
 def items(setting: dict, out: Path, cpu: bool) -> list[tuple[str, list[str] | None, float]]:
     """(name, command or None where it cannot run here, the shortest useful time in seconds) in priority order."""
     noise = [f"a{i}:packed" for i in (1, 2, 3)]
+    padded = -(-setting["vocab"] // 128) * 128
     return [
         ("tests", tests_command(setting, out, cpu), 20 if cpu else 90),
         ("noise", variants_command(setting, out, noise, "noise"), 20 if cpu else 60),
         ("options", variants_command(setting, out, OPTIONS, "options"), 20 if cpu else 90),
         ("profile", profile_command(setting, out, cpu), 15 if cpu else 45),
         ("peer", peer_command(setting, out), 15 if cpu else 45),
+        (
+            "later",
+            variants_command(setting, out, [spec.format(vocab_128=padded) for spec in LATER], "later"),
+            20 if cpu else 60,
+        ),
     ]
 
 
-def missing_packages() -> list[str]:
-    return [name for name in NEEDED if importlib.util.find_spec(name.split(".")[0]) is None or not _finds(name)]
-
-
-def _finds(name: str) -> bool:
+MISSING = """import importlib.util, sys
+for name in sys.argv[1:]:
     try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
+        found = importlib.util.find_spec(name)
+    except ModuleNotFoundError:  # its parent package is missing
+        found = None
+    if found is None:
+        print(name)
+"""
+
+
+def missing_packages(env: dict) -> list[str]:
+    """The modules of NEEDED that Python with `env` (its PYTHONPATH) cannot find, asked in a child process."""
+    child = subprocess.run(
+        [sys.executable, "-c", MISSING, *NEEDED], env=env, capture_output=True, text=True, check=True
+    )
+    return child.stdout.split()
 
 
 def install_wheels(env: dict) -> list[str]:
-    """Install .whl/ into /tmp/site where packages are missing; what is still missing after."""
-    missing = missing_packages()
+    """Install .whl/ into /tmp/site (on the items' PYTHONPATH) where packages are missing; what is missing after."""
+    missing = missing_packages(env)
     wheels = sorted((REPO / ".whl").glob("*.whl"))
     if missing and wheels:
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-index",
-                "--no-deps",
-                "--no-compile",
-                "--upgrade",
-                "--target",
-                "/tmp/site",
-                *map(str, wheels),
-            ],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",
+             "--target", "/tmp/site", *map(str, wheels)],
             check=True,
-        )
-        sys.path.insert(0, "/tmp/site")  # this process's checks; the items get it through PYTHONPATH
+        )  # fmt: skip
         env["PYTHONPATH"] = os.pathsep.join(filter(None, ["/tmp/site", env.get("PYTHONPATH")]))
-        importlib.invalidate_caches()
-        missing = missing_packages()
+        missing = missing_packages(env)
     return missing
 
 
@@ -204,25 +219,22 @@ def commit() -> str:
         return os.environ.get("FXFORMER_COMMIT", "unknown (no git)")
 
 
-def environment(cpu: bool) -> dict:
-    import jax  # noqa: PLC0415 (after the package check)
+ENVIRONMENT = """import json, sys, jax
+from fxformer import versions
+d = jax.devices()[0]
+facts = {"backend": jax.default_backend(), "device": d.device_kind, "platform": d.platform}
+facts["devices"] = jax.device_count()
+facts.update(packages=versions.versions(), cpu=versions.cpu(), python=sys.version.split()[0])
+print(json.dumps(facts))
+"""
 
-    from fxformer import versions  # noqa: PLC0415
 
-    if not cpu and jax.default_backend() != "gpu":
-        raise SystemExit(
-            f"experiments.gpu.queue: jax sees no GPU (backend {jax.default_backend()}): run it with --cpu to rehearse."
-        )
-    device = jax.devices()[0]
-    return {
-        "commit": commit(),
-        "device": device.device_kind,
-        "platform": device.platform,
-        "devices": jax.device_count(),
-        "packages": versions.versions(),
-        "cpu": versions.cpu(),
-        "python": sys.version.split()[0],
-    }
+def environment(env: dict) -> dict:
+    """The device and packages the items will see (a child process with their environment), and the commit."""
+    child = subprocess.run([sys.executable, "-c", ENVIRONMENT], cwd=REPO, env=env, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise SystemExit(f"experiments.gpu.queue: jax did not start: {child.stderr.strip().splitlines()[-1:]}")
+    return {"commit": commit(), **json.loads(child.stdout.strip().splitlines()[-1])}
 
 
 def quartiles(times: list[float]) -> list[float]:
@@ -242,16 +254,17 @@ def read_bench(path: Path) -> dict[str, dict]:
 
 def summarise(name: str, out: Path) -> dict:
     """What queue.jsonl says of a timing item: each step's quartiles; the noise floor; each option's saving."""
-    if name not in ("noise", "options"):
+    if name not in ("noise", "options", "later"):
         return {}
     records = read_bench(out / f"bench-{name}.jsonl")
     ms = {k: quartiles(r["step_times_s"]) for k, r in records.items() if "step_times_s" in r}
     summary = {"quartiles_ms": ms, "errors": {k: r["error"] for k, r in records.items() if "error" in r}}
     if name == "noise" and len(ms) >= 2:
         summary["noise_floor_ms"] = round(max(q[1] for q in ms.values()) - min(q[1] for q in ms.values()), 3)
-    if name == "options" and "base" in ms:
+    first = next(iter(ms), None)  # the step each is set against: the first of the list
+    if name in ("options", "later") and first:
         floor = noise_floor(out)
-        summary["saving_ms"] = {k: round(ms["base"][1] - q[1], 3) for k, q in ms.items() if k != "base"}
+        summary["saving_ms"] = {k: round(ms[first][1] - q[1], 3) for k, q in ms.items() if k != first}
         summary["beyond_noise"] = None if floor is None else {k: s > floor for k, s in summary["saving_ms"].items()}
     return summary
 
@@ -333,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    facts = environment(args.cpu)
+    facts = environment(env)
+    if not args.cpu and facts["backend"] != "gpu":
+        print(f"experiments.gpu.queue: jax sees no GPU (backend {facts['backend']}): --cpu rehearses.", file=sys.stderr)
+        return 2
     (out / "environment.json").write_text(json.dumps(facts, indent=1) + "\n")
     done = done_items(out)
     for name, command, shortest in items(CPU if args.cpu else GPU, out, args.cpu):
