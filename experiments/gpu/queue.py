@@ -42,7 +42,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "ml_collections", "grain", "sentencepiece", "numpy", "pytest")
+NEEDED = (  # what fxformer and the items import (xdist: the tests item's workers)
+    *("jax", "flax", "optax", "orbax.checkpoint", "ml_collections", "grain", "sentencepiece", "numpy"),
+    *("pytest", "xdist"),
+)
 BEST = "segment_attention=pallas,dropout_bits=8,residual_norm=fused,loss_impl=one_pass"  # 27.2% on an H200
 OPTIONS = (  # NAME:BATCH:OPTIONS for experiments/gpu/variants.py, the step as it is first
     "base:packed",
