@@ -14,6 +14,7 @@
 
     regime   two sweeps' records side by side: each row's change from its baseline in both, and how it moves
     freeze   the numbers an analysis plan freezes from its noise pilot's records (sd, seeds, margin, power)
+    lr-split the regime table's learning-rate arm: C5's and D2's interaction split into its two parts
 
 Running (launch, the backends, the sweep runner and its workers, status) is this package's top level;
 analysing (records, statistics, the plans' verdicts, tables, figures, the regime comparison) is
@@ -27,7 +28,7 @@ from __future__ import annotations
 import sys
 
 from experiments import launch, runner
-from experiments.analysis import freeze, regime
+from experiments.analysis import freeze, lrsplit, regime
 from fxformer import exitcodes
 from fxformer.errors import UserError
 
@@ -37,12 +38,13 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return exitcodes.OK if argv else exitcodes.USER_ERROR
     verb, rest = argv[0], argv[1:]
-    verbs = {**launch.VERBS, **runner.VERBS, "regime": regime.main, "freeze": freeze.main}
+    analyses = {"regime": regime.main, "freeze": freeze.main, "lr-split": lrsplit.main}
+    verbs = {**launch.VERBS, **runner.VERBS, **analyses}
     if verb not in verbs:
         print(f"error: unknown verb '{verb}'; choose one of {', '.join(verbs)}.", file=sys.stderr)
         return exitcodes.USER_ERROR
     try:
-        if verb in ("regime", "freeze"):
+        if verb in analyses:
             return verbs[verb](rest)
         return launch.main(verb, rest) if verb in launch.VERBS else runner.main(verb, rest)
     except UserError as e:
