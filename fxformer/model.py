@@ -68,6 +68,7 @@ class TransformerConfig:
     # `fxformer.kernels.attention`, which visits only the tiles a segment can see (any backend).
     segment_attention: str = "mask"
     segment_block_k: int = 64  # segment_attention=pallas: keys per tile (queries per tile: 64)
+    qkv_projection: str = "separate"  # "merged": self-attention's W^Q, W^K, W^V as one product (the same parameters)
     dropout_bits: int = 32  # 8: dropout masks from bytes, four per random 32-bit word (`fxformer.kernels.dropout`)
     # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own gradient, `kernels.norm`; "pallas":
     # the dropout, the sum and the norm in one kernel, the mask from counters in it (and the
@@ -111,7 +112,8 @@ LOSS_IMPLS = ("reductions", "one_pass", "fused")
 
 def option_problem(c) -> str | None:
     """What is wrong with the kernel options of a model's config (`TransformerConfig`'s fields
-    segment_attention, segment_block_k, dropout_bits, residual_norm, loss_impl), in one sentence, or None."""
+    segment_attention, segment_block_k, qkv_projection, dropout_bits, residual_norm, loss_impl), in one
+    sentence, or None."""
     if c.segment_attention not in SEGMENT_ATTENTION:
         return f"model.segment_attention must be one of {', '.join(SEGMENT_ATTENTION)}, not {c.segment_attention!r}"
     if c.segment_attention == "cudnn_offsets" and c.attention_impl != "cudnn":
@@ -121,6 +123,8 @@ def option_problem(c) -> str | None:
             f"model.segment_attention={c.segment_attention} computes no attention weights to drop: "
             "it needs model.attention_dropout_rate=0"
         )
+    if c.qkv_projection not in ("separate", "merged"):
+        return f"model.qkv_projection must be separate or merged, not {c.qkv_projection!r}"
     if c.segment_block_k < 16 or c.segment_block_k & (c.segment_block_k - 1):
         return f"model.segment_block_k must be a power of two of at least 16 (a Triton tile), not {c.segment_block_k!r}"
     if c.dropout_bits not in (8, 32):
@@ -391,6 +395,23 @@ def rows_per_example(x: Array, copies: int) -> Array:
 Cache = Literal["none", "steps", "memory"]
 
 
+class DenseParams(nn.Module):
+    """The parameters `nn.Dense(features, use_bias)` of the same name makes, made and initialised as
+    it makes them (the same names, shapes, initialisers and random keys), without its product: the
+    kernel [in_features, features] and the bias (or None)."""
+
+    features: int
+    use_bias: bool
+
+    @nn.compact
+    def __call__(self, in_features: int) -> tuple[Array, Array | None]:
+        kernel = self.param("kernel", xavier_uniform, (in_features, self.features), jnp.float32)
+        bias = (
+            self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32) if self.use_bias else None
+        )
+        return kernel, bias
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -410,16 +431,16 @@ class MultiHeadAttention(nn.Module):
         """inputs_q [b, q, d_model] attends to inputs_kv [b, k, d_model] -> [b, q, d_model]."""
         c = self.config
         b, q_len, _ = inputs_q.shape
-        query = self._heads(inputs_q, "query", c.d_k)  # [b, q, h, d_k]
+        query, kv = self._projections(inputs_q, inputs_kv)  # [b, q, h, d_k]; K, V where merged with Q
         if c.segment_attention == "pallas" and not c.decode:  # decoding attends one query: the reference path
-            key, value = self._keys_values(inputs_kv)
+            key, value = kv or self._keys_values(inputs_kv)
             segments = (mask.q_segments, mask.kv_segments)
             heads = segment_attention(query, key, value, *segments, mask.causal, block_k=c.segment_block_k)
         elif c.attention_impl == "cudnn" and not c.decode:
             offsets = c.segment_attention == "cudnn_offsets"
-            heads = fused_attention(query, *self._keys_values(inputs_kv), mask, "cudnn", offsets)
+            heads = fused_attention(query, *(kv or self._keys_values(inputs_kv)), mask, "cudnn", offsets)
         else:
-            heads = self._reference_attention(query, inputs_kv, mask, deterministic)
+            heads = self._reference_attention(query, inputs_kv, mask, deterministic, kv)
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return self._dense(c.d_model, "out")(heads)
 
@@ -432,6 +453,23 @@ class MultiHeadAttention(nn.Module):
         """x [b, t, d_model] times W^name -> [b, t, h, width]."""
         return self._dense(self.config.num_heads * width, name)(x).reshape(*x.shape[:2], self.config.num_heads, width)
 
+    def _projections(self, inputs_q: Array, inputs_kv: Array) -> tuple[Array, tuple[Array, Array] | None]:
+        """(Q W^Q, None), or with `qkv_projection` merged in self-attention (training and evaluation)
+        (Q W^Q, (K W^K, V W^V)) from one product with the three matrices side by side."""
+        c = self.config
+        if c.qkv_projection != "merged" or inputs_q is not inputs_kv or c.decode:
+            return self._heads(inputs_q, "query", c.d_k), None
+        widths = {"query": c.d_k, "key": c.d_k, "value": c.d_v}
+        parts = [
+            DenseParams(c.num_heads * w, c.attention_bias, name=name)(inputs_q.shape[-1]) for name, w in widths.items()
+        ]
+        y = jnp.dot(inputs_q.astype(c.dtype), jnp.concatenate([k for k, _ in parts], axis=1).astype(c.dtype))
+        if c.attention_bias:
+            y = y + jnp.concatenate([b for _, b in parts]).astype(c.dtype)
+        q, k, v = jnp.split(y, [c.num_heads * c.d_k, 2 * c.num_heads * c.d_k], axis=-1)
+        heads = lambda x, w: x.reshape(*x.shape[:2], c.num_heads, w)  # noqa: E731
+        return heads(q, c.d_k), (heads(k, c.d_k), heads(v, c.d_v))
+
     def _keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
         """K W^K [b, k, h, d_k] and V W^V [b, k, h, d_v]."""
         c = self.config
@@ -441,14 +479,16 @@ class MultiHeadAttention(nn.Module):
         """Whether this call reads and writes the decoder's `cache` of that kind."""
         return self.config.decode and self.cache == cache
 
-    def _reference_attention(self, query: Array, inputs_kv: Array, mask: AttentionMask, deterministic: bool) -> Array:
+    def _reference_attention(
+        self, query: Array, inputs_kv: Array, mask: AttentionMask, deterministic: bool, kv=None
+    ) -> Array:
         """`dot_product_attention` on the dense mask, with the decoder's caches: query [b, q, h, d_k]
-        -> [b, q, h, d_v]."""
+        -> [b, q, h, d_v]; `kv`: the keys and values where they are already projected."""
         b, q_len, h, _ = query.shape
         if self._keeps("memory"):
             key, value = self._memory(inputs_kv)  # [examples, h, k, d]
         else:
-            key, value = map(heads_first, self._keys_values(inputs_kv))  # [b, h, k, d]
+            key, value = map(heads_first, kv or self._keys_values(inputs_kv))  # [b, h, k, d]
         dense = dense_mask(mask)  # [b, 1, q, k]
         if self._keeps("steps"):
             key, value, dense = self._extend_cache(key, value, dense)

@@ -36,8 +36,10 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Adam(beta1, beta2, epsilon) = (0.9, 0.98, 1e-9) with the paper's schedule."""
-    return optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+    """Adam(beta1, beta2, epsilon) = (0.9, 0.98, 1e-9) with the paper's schedule; with
+    `flat_update`, over all parameters as one vector (the same update, element for element)."""
+    adam = optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
+    return optax.flatten(adam) if config.flat_update else adam
 
 
 # What `cross_entropy_sums` adds up over the weighted target tokens, in its order: the

@@ -19,6 +19,10 @@ def defaults() -> ml_collections.ConfigDict:
     config.adam_b1 = 0.9
     config.adam_b2 = 0.98
     config.adam_eps = 1e-9
+    # True: Adam's update over every parameter as one flat vector (optax.flatten): a few large
+    # element-wise kernels instead of several per parameter; the moments are then one vector too, so
+    # a checkpoint of one layout does not resume with the other
+    config.flat_update = False
     config.grad_accum_steps = 1  # micro-batches per step, to reach the paper's batch on fewer devices
     config.loss_chunk_tokens = 0  # > 0: output projection and loss this many target tokens at a time (memory)
 
@@ -63,6 +67,7 @@ def model_section() -> ml_collections.ConfigDict:
     # the kernel options below compute the same model (tests/test_kernels.py); the defaults keep the step as it was
     section.segment_attention = "mask"  # "cudnn_offsets" / "pallas": packed rows' attention skips what no segment sees
     section.segment_block_k = 64  # segment_attention=pallas: keys per tile (a power of two, 16 or more)
+    section.qkv_projection = "separate"  # "merged": self-attention's Q, K, V projections as one product
     section.dropout_bits = 32  # 8: dropout masks from bytes, a quarter of the random-number work (keep 230/256 at 0.1)
     # "fused": post-norm's LayerNorm(x + Dropout(y)) with its own one-pass gradient; "pallas": the
     # dropout, the sum and the norm in one kernel, the mask from counters in it (the ReLU's dropout too)

@@ -93,6 +93,8 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "model.residual_norm",
         "model.loss_impl",
         "model.segment_block_k",
+        "model.qkv_projection",
+        "flat_update",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -109,11 +111,13 @@ def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fie
         **written,
         "data": {**written["data"], **since},
         "loss_chunk_tokens": 0,  # the chunked loss
+        "flat_update": False,  # Adam over one flat vector
         "early_stopping_min_delta": 0.0,  # the plateau with a smallest improvement
         "model": {  # the kernel options, each at the value that keeps the step as it was
             **written["model"],
             "segment_attention": "mask",
             "segment_block_k": 64,
+            "qkv_projection": "separate",
             "dropout_bits": 32,
             "residual_norm": "flax",
             "loss_impl": "reductions",

@@ -70,13 +70,16 @@ def test_the_noise_and_options_items_give_quartiles_the_floor_and_each_saving(re
     assert list(bench) == names and all(r["options"] is not None for r in bench.values())
 
 
-def test_the_later_item_sets_smaller_key_tiles_and_a_padded_vocabulary_against_the_best(rehearsal):
+def test_the_later_item_sets_each_later_option_against_the_best(rehearsal):
     out, _ = rehearsal
     later = next(r for r in lines(out) if r["item"] == "later")
-    assert list(later["saving_ms"]) == ["keys_32", "keys_16", "vocab_128"] and not later["errors"]
+    assert list(later["saving_ms"]) == ["keys_32", "keys_16", "vocab_128", "qkv_merged", "flat_update"]
+    assert not later["errors"]
     bench = queue.read_bench(out / "bench-later.jsonl")
     assert bench["keys_16"]["options"]["model.segment_block_k"] == 16
     assert bench["vocab_128"]["options"]["data.vocab_size"] == 128  # 120 padded to a multiple of 128
+    assert bench["flat_update"]["options"]["flat_update"] is True  # a top-level field
+    assert bench["qkv_merged"]["options"]["model.qkv_projection"] == "merged"
 
 
 def test_the_profile_item_keeps_its_table_and_drops_the_trace(rehearsal):

@@ -316,19 +316,20 @@ def test_the_fused_residual_layer_norm_equals_flax_layer_norm_of_the_sum(dtype, 
 
 
 def test_the_models_kernel_options_compute_the_same_model_and_loss():
-    """residual_norm=fused with loss_impl=one_pass or fused against the defaults: the same
-    parameters (a checkpoint loads into either), loss sums and gradients in float32."""
+    """residual_norm=fused with loss_impl=one_pass or fused, and qkv_projection=merged, against the
+    defaults: the same parameters (a checkpoint loads into either), loss sums and gradients in float32."""
     config = TransformerConfig(vocab_size=31, num_layers=2, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, max_len=32)
     options = [dataclasses.replace(config, residual_norm="fused", loss_impl=impl) for impl in ("one_pass", "fused")]
+    options.append(dataclasses.replace(config, qkv_projection="merged"))
     rng = np.random.default_rng(0)
     batch = {"inputs": rng.integers(4, 31, (3, 9)), "targets": rng.integers(4, 31, (3, 7))}
     batch["targets"][1, 5:] = 0  # padding
     batch = {k: jnp.asarray(v, jnp.int32) for k, v in batch.items()}
     params = Transformer(config).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-    for fused in options:
-        assert jax.tree.structure(params) == jax.tree.structure(
-            Transformer(fused).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-        )
+    for fused in options:  # the same parameters, initialised alike
+        init = Transformer(fused).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
+        assert jax.tree.structure(params) == jax.tree.structure(init)
+        assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(init), strict=True))
 
     @functools.partial(jax.jit, static_argnums=0)
     def sums_and_grads(c, params):
@@ -478,3 +479,41 @@ def test_the_offsets_route_keeps_no_residual_of_the_mask_route(monkeypatch):
 
     outputs = list(conds(jaxpr))
     assert [q.shape] in outputs and [q.shape, k.shape, v.shape] in outputs and len(outputs) == 2, outputs
+
+
+def test_the_flat_update_is_adams_update_element_for_element():
+    """flat_update=True: optax.flatten around the same Adam; three updates of a small tree of
+    parameters of several shapes give the tree's updates, and the moments are one vector each."""
+    from fxformer.configfile import load_config
+
+    config = load_config("configs/default.py")
+    flat_config = load_config("configs/default.py")
+    flat_config.flat_update = True
+    rng = np.random.default_rng(0)
+    params = {
+        "a": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+        "b": {"c": jnp.asarray(rng.normal(size=5), jnp.float32)},
+    }
+    tree, flat = optim.optimizer(config), optim.optimizer(flat_config)
+    states = [tree.init(params), flat.init(params)]
+    assert {x.shape for x in jax.tree.leaves(states[1]) if x.ndim} == {(17,)}  # 12 + 5 parameters, one vector
+    for scale in (1.0, 2.0, 3.0):
+        grads = jax.tree.map(lambda x, s=scale: jnp.asarray(rng.normal(size=x.shape) * s, jnp.float32), params)
+        (u_tree, states[0]), (u_flat, states[1]) = (
+            tree.update(grads, states[0], params),
+            flat.update(grads, states[1], params),
+        )
+        for a, b in zip(jax.tree.leaves(u_tree), jax.tree.leaves(u_flat), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-12)
+
+
+def test_merged_projections_with_biases_give_the_separate_projections_logits():
+    config = TransformerConfig(
+        vocab_size=31, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=4, max_len=32, attention_bias=True
+    )
+    merged = dataclasses.replace(config, qkv_projection="merged")
+    inputs, targets = jnp.full((2, 6), 5, jnp.int32), jnp.asarray([[6, 7, 8, 3, 0], [9, 10, 3, 0, 0]])
+    params = Transformer(config).init(jax.random.key(1), inputs, targets)["params"]
+    params = jax.tree.map(lambda x: x + 0.1, params)  # biases away from their zero start
+    want, got = (Transformer(c).apply({"params": params}, inputs, targets) for c in (config, merged))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)

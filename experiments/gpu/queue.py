@@ -15,9 +15,9 @@ The items, in order (`ITEMS`):
   4. profile: `fxformer.profile` of the best configuration so far (per-operation table in
      profile.txt and profile/profile.json; the trace and HLO are not kept);
   5. peer: the Flax WMT example's step beside fxformer's (experiments/gpu/peer.py; needs .peer/);
-  6. later: the best configuration beside smaller key tiles in the segment kernel (32, 16) and the
-     vocabulary padded to a multiple of 128, in one process.
-Merged Q/K/V projections and one flat optimizer update join the list as their options land.
+  6. later: the best configuration beside smaller key tiles in the segment kernel (32, 16), the
+     vocabulary padded to a multiple of 128, merged Q/K/V projections and one flat optimizer
+     update, in one process.
 
 Before anything runs, the packages fxformer and the items import are checked (and installed from
 .whl/, experiments/gpu/wheels.txt, where it is there); a missing one is refused in one sentence.
@@ -60,6 +60,8 @@ LATER = (  # the best configuration so far beside what might take it further, on
     f"keys_32:packed:{BEST},segment_block_k=32",
     f"keys_16:packed:{BEST},segment_block_k=16",
     f"vocab_128:packed:{BEST},data.vocab_size={{vocab_128}}",  # the vocabulary padded to a multiple of 128
+    f"qkv_merged:packed:{BEST},qkv_projection=merged",
+    f"flat_update:packed:{BEST},flat_update=true",
 )
 GPU = {
     "config": "configs/base.py",

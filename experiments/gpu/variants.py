@@ -6,7 +6,8 @@ by 2 ms on an H100).
         base:packed one_pass:packed:loss_impl=one_pass pallas:packed:segment_attention=pallas ...
 
 Each variant is NAME:BATCH[:KEY=VALUE,...], BATCH `full` or `packed` (`fxformer.bench.BATCHES`),
-KEY a field of the config's `model` section (`--set` gives overrides for all of them). A variant
+KEY a field of the config's `model` section, a dotted key (`data.vocab_size`) or a top-level field
+(`flat_update`) (`--set` gives overrides for all of them). A variant
 that fails to build or compile (a kernel Triton refuses, an option this machine lacks) is
 reported with its error and the rest go on. Then `--rounds` rounds, each timing `--steps` steps
 of every variant in turn (the order reversed every other round), each step waited for, after two
@@ -25,8 +26,10 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from fxformer import bench, configfile
+from fxformer import bench, configfile, schema
 from fxformer.config import validate, with_overrides
+
+MODEL_FIELDS = set(schema.model_section().keys())  # a bare KEY of these is model.KEY; others are top-level
 
 
 def parse_value(text: str):
@@ -45,7 +48,7 @@ def parse_variant(spec: str) -> tuple[str, str, dict]:
     overrides = {}
     for item in rest[0].split(",") if rest and rest[0] else []:
         key, _, value = item.partition("=")
-        overrides[key if "." in key else f"model.{key}"] = parse_value(value)
+        overrides[key if "." in key or key not in MODEL_FIELDS else f"model.{key}"] = parse_value(value)
     return name, batch, overrides
 
 
