@@ -85,7 +85,8 @@ def document(docs: tuple[dict, dict, dict], found: dict) -> tuple[str, dict]:
     ]
     data = {}
     for row, parts in found.items():
-        arms = [cell(parts["deltas"][arm], seeds_text(doc, row)) for arm, doc in zip(ARMS, docs, strict=True)]
+        deltas = [parts["deltas"][arm] for arm in ARMS]
+        arms = [cell(c) if c else cell(None, seeds_text(d, row)) for c, d in zip(deltas, docs, strict=True)]
         lines.append(
             f"| {row} | "
             + " | ".join(arms)

@@ -275,10 +275,8 @@ def summarise(name: str, out: Path) -> dict:
 
 
 def noise_floor(out: Path) -> float | None:
-    for line in done_items(out).values():
-        if line["item"] == "noise":
-            return line.get("noise_floor_ms")
-    return None
+    """The noise item's floor in ms, from queue.jsonl (None before it has run)."""
+    return done_items(out).get("noise", {}).get("noise_floor_ms")
 
 
 def done_items(out: Path) -> dict[str, dict]:

@@ -1,5 +1,6 @@
 """Kernels the training step can use in place of XLA's own code, each behind a named model
-option (`fxformer/schema.py`, section `model`) whose default keeps the step as it was:
+option (`fxformer/schema.py`, section `model`) whose default keeps the step as it was
+(`pallas.py`: what the Pallas kernels share, where they run and how they are called):
 
 - `attention.py`: attention that knows the packing, a Pallas kernel (Triton on a GPU, the
   interpreter elsewhere) that computes only the tiles a segment can see;

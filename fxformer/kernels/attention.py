@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from fxformer.kernels import pallas
+
 Array = jax.Array
 
 
@@ -148,32 +150,23 @@ def _specs(b_len: tuple[int, int], d_k: int, d_v: int, block: int, tiled: str):
     return [scalar, scalar, row(q_len, d_k), tile(d_k), tile(d_v), seg_row(q_len), seg_tile]
 
 
-def _compiler_params(interpret: bool):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU-only import)
-
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-
 def _forward(q, k, v, q_seg, kv_seg, causal, scale, bq, bk, interpret):
     """(output [b, q, h, d_v], log-sum-exp [b, h, q] float32, the spans)."""
     b, q_len, h, d_k = q.shape
     k_len, d_v = k.shape[1], v.shape[-1]
     ranges = block_ranges(q_seg, kv_seg, bq, bk, causal)
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, bk=bk)
-    out, lse = pl.pallas_call(
+    out, lse = pallas.call(
         kernel,
-        grid=(b, h, q_len // bq),
-        in_specs=_specs((q_len, k_len), d_k, d_v, bq, "q"),
-        out_specs=[
+        (b, h, q_len // bq),
+        _specs((q_len, k_len), d_k, d_v, bq, "q"),
+        [
             pl.BlockSpec((None, bq, None, d_v), lambda b, h, i: (b, i, h, 0)),
             pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i)),
         ],
-        out_shape=[jax.ShapeDtypeStruct((b, q_len, h, d_v), q.dtype), jax.ShapeDtypeStruct((b, h, q_len), jnp.float32)],
-        compiler_params=_compiler_params(interpret),
-        interpret=interpret,
-        name="segment_attention_forward",
+        [jax.ShapeDtypeStruct((b, q_len, h, d_v), q.dtype), jax.ShapeDtypeStruct((b, h, q_len), jnp.float32)],
+        interpret,
+        "segment_attention_forward",
     )(*ranges[0], q, k, v, q_seg, kv_seg)
     return out, lse, ranges
 
@@ -195,25 +188,23 @@ def _attention_backward(causal, scale, bq, bk, interpret, residuals, d_out):
     delta = (d_out.astype(jnp.float32) * out.astype(jnp.float32)).sum(-1).transpose(0, 2, 1)  # [b, h, q]
     row_stats = pl.BlockSpec((None, None, q_len), lambda b, h, i: (b, h, 0))
     tile_stats = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
-    dq = pl.pallas_call(
+    dq = pallas.call(
         functools.partial(_dq_kernel, scale=scale, causal=causal, bk=bk),
-        grid=(b, h, q_len // bq),
-        in_specs=[*_specs((q_len, k_len), d_k, d_v, bq, "q"), _tile(bq, d_v), tile_stats, tile_stats],
-        out_specs=_tile(bq, d_k),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(interpret),
-        interpret=interpret,
-        name="segment_attention_dq",
+        (b, h, q_len // bq),
+        [*_specs((q_len, k_len), d_k, d_v, bq, "q"), _tile(bq, d_v), tile_stats, tile_stats],
+        _tile(bq, d_k),
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret,
+        "segment_attention_dq",
     )(*q_ranges, q, k, v, q_seg, kv_seg, d_out, lse, delta)
-    dk, dv = pl.pallas_call(
+    dk, dv = pallas.call(
         functools.partial(_dkv_kernel, scale=scale, causal=causal, bq=bq),
-        grid=(b, h, k_len // bk),
-        in_specs=[*_specs((q_len, k_len), d_k, d_v, bk, "k"), _row(q_len, d_v), row_stats, row_stats],
-        out_specs=[_tile(bk, d_k), _tile(bk, d_v)],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_compiler_params(interpret),
-        interpret=interpret,
-        name="segment_attention_dkv",
+        (b, h, k_len // bk),
+        [*_specs((q_len, k_len), d_k, d_v, bk, "k"), _row(q_len, d_v), row_stats, row_stats],
+        [_tile(bk, d_k), _tile(bk, d_v)],
+        [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        interpret,
+        "segment_attention_dkv",
     )(*k_ranges, q, k, v, q_seg, kv_seg, d_out, lse, delta)
     return dq, dk, dv, None, None
 
@@ -247,11 +238,10 @@ def segment_attention(
     power of two) and, for Triton, head widths to a power of two of at least 16 (zeros, which
     change no product); the padding is cut off again. `interpret` None: compiled on a GPU,
     interpreted elsewhere."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas.interpreted(interpret)
     q_len, k_len, d_k, d_v = query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]
-    block_q, block_k = min(block_q, _power_of_two(q_len)), min(block_k, _power_of_two(k_len))
-    wide_k, wide_v = (d_k, d_v) if interpret else (max(16, _power_of_two(d_k)), max(16, _power_of_two(d_v)))
+    block_q, block_k = min(block_q, pallas.power_of_two(q_len)), min(block_k, pallas.power_of_two(k_len))
+    wide_k, wide_v = (d_k, d_v) if interpret else (max(16, pallas.power_of_two(d_k)), max(16, pallas.power_of_two(d_v)))
 
     def pad(x: Array, length: int, width: int | None = None) -> Array:
         widths = [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
@@ -262,7 +252,7 @@ def segment_attention(
     if interpret:  # whole blocks
         q_pad, k_pad = -q_len % block_q + q_len, -k_len % block_k + k_len
     else:  # Triton's blocks are powers of two, the whole rows read too; padding tiles are never visited
-        q_pad, k_pad = max(block_q, _power_of_two(q_len)), max(block_k, _power_of_two(k_len))
+        q_pad, k_pad = max(block_q, pallas.power_of_two(q_len)), max(block_k, pallas.power_of_two(k_len))
     out = _attention(  # zero columns added to Q and K leave Q K^T as it is
         pad(query, q_pad, wide_k),
         pad(key, k_pad, wide_k),
@@ -276,7 +266,3 @@ def segment_attention(
         interpret,
     )
     return out[:, :q_len, :, :d_v]
-
-
-def _power_of_two(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())

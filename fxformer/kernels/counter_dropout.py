@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from fxformer.kernels import pallas
 from fxformer.kernels.norm import residual_layer_norm
 
 Array = jax.Array
@@ -79,14 +80,6 @@ def key_data(rng: Array) -> Array:
     return data.reshape(-1)[:2].astype(jnp.uint32)
 
 
-def _compiler_params(interpret: bool):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU-only import)
-
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-
 def _block_keep(key_ref, br, d, site, rate):
     """The keep mask [br, d] of the grid's current block of tokens."""
     tokens = pl.program_id(0) * br + jnp.arange(br)
@@ -124,19 +117,6 @@ def _norm_backward_kernel(key_ref, g_ref, z_ref, stats_ref, scale_ref, dx_ref, d
     dbias_ref[...] = g.sum(axis=0)[None, :]
 
 
-def _call(kernel, n_blocks, in_specs, out_specs, out_shape, interpret, name):
-    return pl.pallas_call(
-        kernel,
-        grid=(n_blocks,),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=_compiler_params(interpret),
-        interpret=interpret,
-        name=name,
-    )
-
-
 def _specs(br: int, d: int):
     """(the key whole, one block of tokens [br, d], a vector [d] whole, one block's row of [blocks, d])."""
     return (
@@ -156,9 +136,9 @@ def _norm_forward(key, x, y, scale, bias, static):
     site, rate, epsilon, br, interpret = static
     n, d = x.shape
     key_spec, tile, vector, _ = _specs(br, d)
-    out, z, stats = _call(
+    out, z, stats = pallas.call(
         functools.partial(_norm_forward_kernel, site=site, rate=rate, epsilon=epsilon),
-        n // br,
+        (n // br,),
         [key_spec, tile, tile, vector, vector],
         [tile, tile, pl.BlockSpec((br, 2), lambda i: (i, 0))],
         [jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2 + [jax.ShapeDtypeStruct((n, 2), jnp.float32)],
@@ -173,9 +153,9 @@ def _norm_backward(static, residuals, g):
     key, z, stats, scale = residuals
     n, d = z.shape
     key_spec, tile, vector, block_row = _specs(br, d)
-    dx, dy, dscale, dbias = _call(
+    dx, dy, dscale, dbias = pallas.call(
         functools.partial(_norm_backward_kernel, site=site, rate=rate),
-        n // br,
+        (n // br,),
         [key_spec, tile, tile, pl.BlockSpec((br, 2), lambda i: (i, 0)), vector],
         [tile, tile, block_row, block_row],
         [jax.ShapeDtypeStruct(z.shape, z.dtype)] * 2 + [jax.ShapeDtypeStruct((n // br, d), jnp.float32)] * 2,
@@ -206,9 +186,9 @@ def _relu_backward_kernel(key_ref, h_ref, g_ref, dh_ref, *, site, rate):
 def _relu_dropout(key, h, static):
     site, rate, br, interpret = static
     key_spec, tile, _, _ = _specs(br, h.shape[1])
-    return _call(
+    return pallas.call(
         functools.partial(_relu_forward_kernel, site=site, rate=rate),
-        h.shape[0] // br,
+        (h.shape[0] // br,),
         [key_spec, tile],
         tile,
         jax.ShapeDtypeStruct(h.shape, h.dtype),
@@ -225,9 +205,9 @@ def _relu_dropout_backward(static, residuals, g):
     site, rate, br, interpret = static
     key, h = residuals
     key_spec, tile, _, _ = _specs(br, h.shape[1])
-    dh = _call(
+    dh = pallas.call(
         functools.partial(_relu_backward_kernel, site=site, rate=rate),
-        h.shape[0] // br,
+        (h.shape[0] // br,),
         [key_spec, tile, tile],
         tile,
         jax.ShapeDtypeStruct(h.shape, h.dtype),
@@ -244,7 +224,7 @@ def _rows(x: Array, block_rows: int, interpret: bool) -> tuple[Array, int]:
     """x [..., d] as [tokens_pad, d] (whole blocks; for Triton a power of two) and the block size."""
     x = x.reshape(-1, x.shape[-1])
     n = x.shape[0]
-    br = min(block_rows, 1 << max(0, (n - 1).bit_length()))
+    br = min(block_rows, pallas.power_of_two(n))
     return jnp.pad(x, ((0, -n % br), (0, 0))), br
 
 
@@ -263,8 +243,7 @@ def dropout_residual_norm(
     """LayerNorm(x + Dropout(y)) over the last axis: x, y [rows, length, d] in the compute dtype,
     float32 `scale` and `bias` [d], `key` [2] uint32, the mask `mask(key, x.shape, site, rate)`.
     Differentiable in x, y, scale and bias. `interpret` None: compiled on a GPU, interpreted elsewhere."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas.interpreted(interpret)
     (xs, br), (ys, _) = _rows(x, block_rows, interpret), _rows(y, block_rows, interpret)
     out = _dropout_residual_norm(key, xs, ys, scale, bias, (site, float(rate), float(epsilon), br, interpret))
     return out[: x.size // x.shape[-1]].reshape(x.shape)
@@ -274,8 +253,7 @@ def relu_dropout(
     key: Array, h: Array, site: int, rate: float, block_rows: int = 32, interpret: bool | None = None
 ) -> Array:
     """Dropout(ReLU(h)) for h [rows, length, d], the mask `mask(key, h.shape, site, rate)`; differentiable in h."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas.interpreted(interpret)
     hs, br = _rows(h, block_rows, interpret)
     return _relu_dropout(key, hs, (site, float(rate), br, interpret))[: h.size // h.shape[-1]].reshape(h.shape)
 

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from fxformer.kernels import pallas
+
 Array = jax.Array
 
 
@@ -106,27 +108,6 @@ def _de_kernel(h_ref, e_ref, t_ref, lse_ref, g_lse_ref, g_q_ref, g_t_ref, de_ref
     de_ref[...] = de.astype(de_ref.dtype)
 
 
-def _compiler_params(interpret: bool):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415 (GPU-only import)
-
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-
-def _call(kernel, grid, in_specs, out_specs, out_shape, interpret, name):
-    return pl.pallas_call(
-        kernel,
-        grid=grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=_compiler_params(interpret),
-        interpret=interpret,
-        name=name,
-    )
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _reductions(h, e, t, static):
     return _forward(h, e, t, static)[0]
@@ -137,7 +118,7 @@ def _forward(h, e, t, static):
     vocab, rows, br, bv, smoothing, interpret = static
     kernel = functools.partial(_forward_kernel, vocab=vocab, bv=bv, dtype=h.dtype, smoothing=smoothing)
     per_row = pl.BlockSpec((br,), lambda i: (i,))
-    out = _call(
+    out = pallas.call(
         kernel,
         (h.shape[0] // br,),
         [pl.BlockSpec((br, h.shape[1]), lambda i: (i, 0)), pl.BlockSpec(e.shape, lambda i: (0, 0)), per_row],
@@ -156,7 +137,7 @@ def _backward(static, residuals, cotangents):
     kw = dict(vocab=vocab, dtype=h.dtype, smoothing=smoothing)
     per_row = pl.BlockSpec((br,), lambda i: (i,))
     whole = lambda x: pl.BlockSpec(x.shape, lambda i: (0,) * x.ndim)  # noqa: E731
-    dh = _call(
+    dh = pallas.call(
         functools.partial(_dh_kernel, bv=bv, **kw),
         (h.shape[0] // br,),
         [pl.BlockSpec((br, h.shape[1]), lambda i: (i, 0)), whole(e), *[per_row] * 5],
@@ -165,7 +146,7 @@ def _backward(static, residuals, cotangents):
         interpret,
         "projected_loss_dh",
     )(h, e, t, lse, g_lse, g_q, g_t)
-    de = _call(
+    de = pallas.call(
         functools.partial(_de_kernel, rows=rows, br=br, **kw),
         (-(-vocab // bv),),
         [whole(h), pl.BlockSpec((bv, e.shape[1]), lambda j: (j, 0)), *[whole(t)] * 5],
@@ -195,27 +176,22 @@ def projected_reductions(
     whole: hidden [..., d_model] (the decoder's output), embedding [vocab, d_model] (the shared
     matrix), targets [...]. Differentiable in hidden and embedding. `interpret` None: compiled on
     a GPU, interpreted elsewhere."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas.interpreted(interpret)
     shape, (vocab, d) = targets.shape, embedding.shape
     h = hidden.reshape(-1, d).astype(dtype)
     t = targets.reshape(-1).astype(jnp.int32)
     rows = h.shape[0]
-    br, bv = min(block_rows, _power_of_two(rows)), min(block_vocab, _power_of_two(vocab))
+    br, bv = min(block_rows, pallas.power_of_two(rows)), min(block_vocab, pallas.power_of_two(vocab))
     if interpret:  # whole blocks
         rows_pad, vocab_pad, width = rows + -rows % br, vocab + -vocab % bv, d
     else:  # Triton: blocks and the arrays read whole are powers of two; the padding is never visited
         rows_pad, vocab_pad, width = (
-            _power_of_two(max(rows, br)),
-            _power_of_two(max(vocab, bv)),
-            max(16, _power_of_two(d)),
+            pallas.power_of_two(max(rows, br)),
+            pallas.power_of_two(max(vocab, bv)),
+            max(16, pallas.power_of_two(d)),
         )
     h = jnp.pad(h, ((0, rows_pad - rows), (0, width - d)))  # zero columns change no product
     e = jnp.pad(embedding.astype(dtype), ((0, vocab_pad - vocab), (0, width - d)))
     t = jnp.pad(t, (0, rows_pad - rows))
     out = _reductions(h, e, t, (vocab, rows, br, bv, float(label_smoothing), interpret))
     return tuple(x[:rows].reshape(shape) for x in out)
-
-
-def _power_of_two(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
