@@ -13,7 +13,7 @@
 #   setsid nohup experiments/scripts/regime-runs.sh /tmp/pin /tmp/t3full/root /tmp/m30k $(date -d '+2 hours' +%s) &
 set -u
 PIN=$(cd "$1" && pwd); ROOT=${2:-/tmp/t3full/root}; DATA=${3:-/tmp/m30k}; DEADLINE=${4:-0}; EST=${5:-3600}
-RESULTS=$(cd "$(dirname "$0")/../results/table3-regime" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd); RESULTS=$REPO/experiments/results/table3-regime
 QUEUE=(
   "full A1 0" "full A1 1" "full A1 2" "full base 9" "full A2 0" "full A2 1" "full A2 2"
   "full A3 0" "full A3 1" "full A3 2" "full base 10" "full E 0" "full E 1" "full E 2"
@@ -41,9 +41,34 @@ forget_seeds() {  # the root remembers the last --seeds; collect must see the sw
   [ -e "$1/sweep-root.json" ] && .venv/bin/python -c "
 import json, sys; p = sys.argv[1]; r = json.load(open(p)); r.pop('seeds', None); json.dump(r, open(p, 'w'), indent=2)" "$1/sweep-root.json"
 }
+pinned_copy() {  # records -> copy: each run's config as the pinned code reads it. `collect` records a config
+  # as the collecting code reads it (fxformer.config.upgrade), so records collected by newer code hold fields
+  # the pinned code refuses; the copy drops those, each at today's default (else it stops: not such a field)
+  local pinned; pinned=$(.venv/bin/python -c "import json; from fxformer import schema; print(json.dumps(schema.defaults().to_dict()))")
+  (cd "$REPO" && .venv/bin/python -c "
+import gzip, json, sys
+from fxformer import schema
+pinned, today = json.loads(sys.argv[3]), schema.defaults().to_dict()
+def kept(config, known, default, prefix=''):
+    out = {}
+    for key, value in config.items():
+        if key in known:
+            out[key] = kept(value, known[key], default.get(key, {}), prefix + key + '.') if isinstance(known[key], dict) and isinstance(value, dict) else value
+        elif key not in default or value != default[key]:
+            sys.exit(f'{prefix}{key}={value!r} is not a default of today\'s code: the pinned code cannot train it')
+    return out
+with gzip.open(sys.argv[1], 'rt') as f: lines = [json.loads(line) for line in f]
+for rep in lines:
+    if rep.get('config'): rep['config'] = kept(rep['config'], pinned, today)
+with gzip.open(sys.argv[2], 'wt') as f: f.writelines(json.dumps(rep) + '\n' for rep in lines)
+" "$1" "$2" "$pinned")
+}
 for a in full lr2; do  # a new machine: the finished runs of the committed records, not trained again
   read -r root profile records <<< "$(arm $a)"
-  [ -e "$records" ] && .venv/bin/python -m experiments restore table3 --from_records="$records" --root="$root" --seeds=14
+  if [ -e "$records" ]; then
+    mkdir -p "$(dirname "$root")"; pinned_copy "$records" "$root.records.jsonl.gz" || exit 1
+    .venv/bin/python -m experiments restore table3 --from_records="$root.records.jsonl.gz" --root="$root" --seeds=14
+  fi
   forget_seeds "$root"
 done
 LOCK="$ROOT.queue.lock"; NEXT="$ROOT.queue.next"; echo 0 > "$NEXT"
