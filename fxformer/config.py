@@ -123,6 +123,43 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(upgraded)
 
 
+def downgrade(config: dict, known: dict) -> dict:
+    """`upgrade`'s inverse: a config of today's fields (a record's `config`) as older code wrote it,
+    given that code's defaults (its `schema.defaults().to_dict()`), so that it can read it again:
+    fields it names otherwise (`RENAMED`) under its names, and only the fields it knows. A field it
+    lacks is dropped only at today's default, which `upgrade` fills in again; any other value is
+    refused (that code cannot train it)."""
+    today, old_keys = schema.defaults().to_dict(), set(dotted_keys(known))
+    config = json.loads(json.dumps(config))  # a copy
+    for before, now in RENAMED.items():
+        if before in old_keys and now not in old_keys and now in dotted_keys(config):
+            node, leaf = walk(config, now)
+            *sections, name = before.split(".")
+            target = config
+            for section in sections:
+                target = target.setdefault(section, {})
+            target[name] = node.pop(leaf)
+    return _kept(config, known, today, "")
+
+
+def _kept(config: dict, known: dict, today: dict, prefix: str) -> dict:
+    out = {}
+    for key, value in config.items():
+        if key in known:
+            nested = isinstance(known[key], dict) and isinstance(value, dict)
+            out[key] = _kept(value, known[key], today.get(key, {}), f"{prefix}{key}.") if nested else value
+        elif key not in today or not _at_default(value, today[key]):
+            raise UserError(f"{prefix}{key}={value!r} is not today's default, and the older code has no such field.")
+    return out
+
+
+def _at_default(value, default) -> bool:
+    """Every field of `value` (a section: those left after `RENAMED` moved some out) at its default."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return all(key in default and _at_default(v, default[key]) for key, v in value.items())
+    return value == default
+
+
 def _filled(config: dict, defaults: dict) -> dict:
     """`config` with every key of `defaults` it lacks (in sections too) set to the default."""
     out = dict(config)

@@ -125,6 +125,39 @@ def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fie
     }
 
 
+@pytest.mark.parametrize("name", ["config-early.json", "config-with-decode.json"])
+def test_downgrade_gives_back_what_older_code_wrote_from_its_upgrade(name):
+    written = fixture(name)  # older code writes every field it knows: its keys are its defaults' keys
+    assert config.downgrade(config.upgrade(ml_collections.ConfigDict(written)).to_dict(), written) == written
+
+
+def test_downgrade_refuses_a_field_older_code_lacks_at_another_value_than_the_default():
+    written = fixture("config-with-decode.json")
+    today = config.upgrade(ml_collections.ConfigDict(written)).to_dict()
+    for key, value in {"flat_update": True, "model.loss_impl": "fused"}.items():
+        changed = json.loads(json.dumps(today))
+        node, leaf = config.walk(changed, key)
+        node[leaf] = value
+        with pytest.raises(UserError, match=rf"{re.escape(key)}={value!r} is not today's default"):
+            config.downgrade(changed, written)
+
+
+def test_the_regime_records_downgrade_to_older_code_and_upgrade_back_unchanged():
+    """The records collected by today's code, restored by older code (experiments/scripts/regime-runs.sh):
+    every finished run's config, downgraded to the fields of a config written before the kernel
+    options, upgrades back to the record."""
+    from experiments.analysis import records
+
+    doc = records.read("experiments/results/table3-regime/records.jsonl.gz")
+    older = records.downgraded(doc, fixture("config-with-decode.json"))
+    pairs = zip(doc["replicates"], older["replicates"], strict=True)
+    configs = [(rep["config"], old["config"]) for rep, old in pairs if rep.get("config")]
+    assert len(configs) >= 44
+    for now, old in configs:
+        assert "flat_update" not in old and "loss_impl" not in old["model"]
+        assert config.upgrade(ml_collections.ConfigDict(old)).to_dict() == now
+
+
 REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
     *(({key: low - 1}, {}, f"{key} must be at least {low}, not {low - 1}") for key, low in config.AT_LEAST.items()),
     ({"label_smoothing": 1.0}, {}, "label_smoothing must be in [0, 1), not 1.0"),

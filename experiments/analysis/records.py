@@ -28,7 +28,7 @@ import re
 import time
 
 from experiments.cli import read_json
-from fxformer import paths
+from fxformer import config, paths
 from fxformer.errors import UserError
 
 FORMAT = 1
@@ -77,6 +77,22 @@ def read(path) -> dict:
     if header.get("format") != FORMAT:
         raise UserError(f"{path} holds records of format {header.get('format')}; this code reads format {FORMAT}.")
     return {"header": header, "replicates": reps}
+
+
+def downgraded(doc: dict, known: dict) -> dict:
+    """The records `doc` with each replicate's config as older code wrote it, given that code's
+    defaults (`fxformer.config.downgrade`): collect records a config as the collecting code reads it,
+    with the fields added since at their defaults, which older code refuses; its `restore` reads this
+    copy. A field at another value is refused in one sentence naming the replicate."""
+    reps = []
+    for rep in doc["replicates"]:
+        if rep.get("config"):
+            try:
+                rep = {**rep, "config": config.downgrade(rep["config"], known)}
+            except UserError as e:
+                raise UserError(f"{rep['name']}: {e}") from None
+        reps.append(rep)
+    return {"header": doc["header"], "replicates": reps}
 
 
 def from_results(path) -> dict:

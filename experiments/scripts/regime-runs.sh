@@ -42,26 +42,11 @@ forget_seeds() {  # the root remembers the last --seeds; collect must see the sw
 import json, sys; p = sys.argv[1]; r = json.load(open(p)); r.pop('seeds', None); json.dump(r, open(p, 'w'), indent=2)" "$1/sweep-root.json"
 }
 pinned_copy() {  # records -> copy: each run's config as the pinned code reads it. `collect` records a config
-  # as the collecting code reads it (fxformer.config.upgrade), so records collected by newer code hold fields
-  # the pinned code refuses; the copy drops those, each at today's default (else it stops: not such a field)
-  local pinned; pinned=$(.venv/bin/python -c "import json; from fxformer import schema; print(json.dumps(schema.defaults().to_dict()))")
-  (cd "$REPO" && .venv/bin/python -c "
-import gzip, json, sys
-from fxformer import schema
-pinned, today = json.loads(sys.argv[3]), schema.defaults().to_dict()
-def kept(config, known, default, prefix=''):
-    out = {}
-    for key, value in config.items():
-        if key in known:
-            out[key] = kept(value, known[key], default.get(key, {}), prefix + key + '.') if isinstance(known[key], dict) and isinstance(value, dict) else value
-        elif key not in default or value != default[key]:
-            sys.exit(f'{prefix}{key}={value!r} is not a default of today\'s code: the pinned code cannot train it')
-    return out
-with gzip.open(sys.argv[1], 'rt') as f: lines = [json.loads(line) for line in f]
-for rep in lines:
-    if rep.get('config'): rep['config'] = kept(rep['config'], pinned, today)
-with gzip.open(sys.argv[2], 'wt') as f: f.writelines(json.dumps(rep) + '\n' for rep in lines)
-" "$1" "$2" "$pinned")
+  # as the collecting code reads it, so records collected by newer code hold fields the pinned code refuses;
+  # the copy drops those, each at today's default (experiments.analysis.records.downgraded)
+  local known; known=$(.venv/bin/python -c "import json; from fxformer import schema; print(json.dumps(schema.defaults().to_dict()))")
+  (cd "$REPO" && .venv/bin/python -c "import json, sys; from experiments.analysis import records
+records.write(sys.argv[2], records.downgraded(records.read(sys.argv[1]), json.loads(sys.argv[3])))" "$1" "$2" "$known")
 }
 for a in full lr2; do  # a new machine: the finished runs of the committed records, not trained again
   read -r root profile records <<< "$(arm $a)"
