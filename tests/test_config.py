@@ -22,6 +22,7 @@ import pytest
 from conftest import env_with_devices
 
 from configs import base
+from experiments.analysis import records
 from fxformer import config, configfile, paths
 from fxformer.errors import UserError
 
@@ -146,9 +147,7 @@ def test_the_regime_records_downgrade_to_older_code_and_upgrade_back_unchanged()
     """The records collected by today's code, restored by older code (experiments/scripts/regime-runs.sh):
     every finished run's config, downgraded to the fields of a config written before the kernel
     options, upgrades back to the record."""
-    from experiments.analysis import records
-
-    doc = records.read("experiments/results/table3-regime/records.jsonl.gz")
+    doc = records.read(FIXTURES.parent.parent / "experiments" / "results" / "table3-regime" / "records.jsonl.gz")
     older = records.downgraded(doc, fixture("config-with-decode.json"))
     pairs = zip(doc["replicates"], older["replicates"], strict=True)
     configs = [(rep["config"], old["config"]) for rep, old in pairs if rep.get("config")]
