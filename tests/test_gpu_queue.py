@@ -16,9 +16,11 @@ from experiments.gpu import queue
 REPO = Path(__file__).resolve().parent.parent
 
 
-def rehearse(out: Path, limit_s: float = 110) -> subprocess.CompletedProcess:
+def rehearse(out: Path, limit_s: float = 1200) -> subprocess.CompletedProcess:
+    """One call of the queue, its limit far above the rehearsal's length (about 100 s on two free cores)
+    so that a slow or loaded machine runs every item; the limit's own rule is tested without a clock."""
     command = [sys.executable, "-m", "experiments.gpu.queue", "--cpu", f"--out={out}", f"--limit_s={limit_s}"]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=limit_s + 300)
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +117,10 @@ def test_a_missing_package_is_refused_in_one_sentence_before_anything_runs(tmp_p
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no_such_package_fxformer missing" in err and "requirements.txt" in err
     assert not (tmp_path / "out" / "queue.jsonl").exists()
+
+
+def test_a_call_whose_limit_is_shorter_than_the_first_item_starts_nothing(tmp_path):
+    done = rehearse(tmp_path, limit_s=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tests: not started" in done.stdout and "the next call starts here" in done.stdout
+    assert not (tmp_path / "queue.jsonl").exists()
