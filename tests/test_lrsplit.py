@@ -84,3 +84,11 @@ def test_the_verb_writes_split_md_and_json_and_the_same_arm_twice_has_no_learnin
     assert text.count("\n| C5 |") == 1 and text.count("\n| D2 |") == 1
     assert not any(word in text for word in ("agrees", "disagrees", "equivalent", "inconclusive"))  # no verdicts
     assert "written:" in capsys.readouterr().out
+
+
+def test_the_committed_split_is_what_the_three_records_give(tmp_path, capsys):
+    folder = RESULTS / "table3-regime"
+    inputs = [RESULTS / "table3-multi30k", folder, folder / "lr2"]
+    assert lrsplit.main([*(str(p / "records.jsonl.gz") for p in inputs), f"--out={tmp_path}"]) == 0
+    for name in ("split.md", "split.json"):
+        assert (tmp_path / name).read_bytes() == (folder / "lr2" / name).read_bytes(), f"lr2/{name}: write it again"

@@ -78,7 +78,7 @@ worker() {  # its own open file of LOCK (fd 9): flock excludes other processes' 
 running() { for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }  # any of these PIDs
 finished() { grep -l '"finished"' "$1"/*/sweep.json 2>/dev/null | wc -l; }
 land() {  # every 5 minutes: where more runs have finished, collect the arm's records in the checkout this script
-  # is in (its code), rewrite the figures (and regime.md), and commit that folder alone
+  # is in (its code), rewrite the figures (regime.md, the learning-rate arm's split.md), and commit those folders alone
   exec 9> "$LOCK"
   local repo alive=1; repo=$(git -C "$(dirname "$RESULTS")" rev-parse --show-toplevel)
   declare -A seen=([full]=$(finished "$ROOT") [lr2]=$(finished "$ROOT-lr2"))
@@ -92,8 +92,10 @@ land() {  # every 5 minutes: where more runs have finished, collect the arm's re
         && nice .venv/bin/python -m experiments plot table3 --from_records="$records" --out="$out" \
         && { [ $a != full ] || nice .venv/bin/python -m experiments regime \
              experiments/results/table3-multi30k/records.jsonl.gz "$records"; } \
-        && git add -- "$out" && { git diff --cached --quiet -- "$out" \
-             || git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out"; } \
+        && nice .venv/bin/python -m experiments lr-split experiments/results/table3-multi30k/records.jsonl.gz \
+             "$RESULTS/records.jsonl.gz" "$RESULTS/lr2/records.jsonl.gz" \
+        && git add -- "$out" "$RESULTS/lr2" && { git diff --cached --quiet -- "$out" "$RESULTS/lr2" \
+             || git commit -q -m "results/table3-regime: records of $n finished runs ($a)" -- "$out" "$RESULTS/lr2"; } \
         && echo "$(date -u +%H:%M) land $a: $n finished runs landed") > /tmp/regime-land.log 2>&1 \
         || echo "$(date -u +%H:%M) land $a: collect failed (/tmp/regime-land.log)"
       flock -u 9; seen[$a]=$n
