@@ -69,6 +69,8 @@ def test_an_arm_without_two_seeds_is_not_yet_and_its_parts_are_absent():
     text, data = lrsplit.document((SIX, FULL, early), found)
     assert "not yet (C5 2, base 1 finished)" in text and data["C5"]["learning rate"] is None
     assert data["C5"]["deltas"]["all pairs, factor 1"]["interval"][0] < 0
+    assert data["finished seeds"]["all pairs, factor 2"] == {"base": 1, "C5": 2, "D2": 0}
+    assert "all pairs, factor 1: base 5, C5 3, D2 3; all pairs, factor 2: base 1, C5 2, D2 0." in text
 
 
 def test_the_verb_writes_split_md_and_json_and_the_same_arm_twice_has_no_learning_rate_part(tmp_path, capsys):

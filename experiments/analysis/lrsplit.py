@@ -63,8 +63,8 @@ def cell(c: stats.Contrast | None, seeds: str = "") -> str:
 
 def seeds_text(doc: dict, row: str) -> str:
     """'ROW n, base m': the finished seeds an arm has (where a Δ is not yet estimable)."""
-    values, _ = plans.log_values(doc, "validation", "ppl", "final")
-    return f"{row} {len(values.get(row, {}))}, base {len(values.get(BASE, {}))} finished"
+    seeds = finished_seeds(doc)
+    return f"{row} {seeds[row]}, base {seeds[BASE]} finished"
 
 
 def document(docs: tuple[dict, dict, dict], found: dict) -> tuple[str, dict]:
@@ -94,7 +94,21 @@ def document(docs: tuple[dict, dict, dict], found: dict) -> tuple[str, dict]:
         )
         data[row] = {key: _json(value) for key, value in parts.items() if key != "deltas"}
         data[row]["deltas"] = {arm: _json(c) for arm, c in parts["deltas"].items()}
+    counts = {arm: finished_seeds(d) for arm, d in zip(ARMS, docs, strict=True)}
+    listed = "; ".join(f"{arm}: {seeds}" for arm, seeds in _counts_text(counts).items())
+    lines += ["", f"Finished seeds: {listed}."]
+    data["finished seeds"] = counts
     return "\n".join(lines) + "\n", stats.rounded(data)
+
+
+def finished_seeds(doc: dict) -> dict[str, int]:
+    """{row: finished seeds} for base and ROWS: the runs each arm's Δs are taken over."""
+    values, _ = plans.log_values(doc, "validation", "ppl", "final")
+    return {row: len(values.get(row, {})) for row in (BASE, *ROWS)}
+
+
+def _counts_text(counts: dict[str, dict[str, int]]) -> dict[str, str]:
+    return {arm: ", ".join(f"{row} {n}" for row, n in seeds.items()) for arm, seeds in counts.items()}
 
 
 def _json(c: stats.Contrast | None) -> dict | None:
