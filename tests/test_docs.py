@@ -288,7 +288,7 @@ def test_the_checker_fails_on_a_renamed_flag_a_broken_link_and_an_unknown_config
 
 ESTIMATE = re.compile(r"[+-]\d+\.\d+%? \[[+-]\d+\.\d+%?, [+-]\d+\.\d+%?\]")  # "+19.5% [+17.7%, +21.4%]"
 CELLS = re.compile(r"([+-]\d+\.\d+%?) \| (\[[+-]\d+\.\d+%?, [+-]\d+\.\d+%?\])")  # the same in two table cells
-GENERATED = ("analysis.md", "regime.md", "table.md")  # written by experiments.analysis, .regime and collect
+GENERATED = ("analysis.md", "regime.md", "table.md", "split.md")  # by experiments.analysis, .regime, collect, lr-split
 
 
 def quoted_estimates(text: str, printed: str) -> list[str]:
@@ -459,3 +459,12 @@ def test_the_readme_summary_of_the_regime_table_is_at_most_150_words_and_its_fig
     figures = [line for line in section.splitlines() if line.startswith("![")]
     prose = " ".join(line for line in section.splitlines()[1:] if not line.startswith("!["))
     assert len(prose.split()) <= 150 and len(figures) == 1, (len(prose.split()), figures)
+
+
+def test_the_learning_rate_split_docs_table3_shows_is_the_generated_one():
+    """docs/table3.md's table of the learning-rate arm is lr2/split.md's, row for row, as it stands."""
+    generated = (REPO / "experiments" / "results" / "table3-regime" / "lr2" / "split.md").read_text()
+    page = (REPO / "docs" / "table3.md").read_text()
+    section = page[page.index("#### The learning rate's share") :]
+    rows = [line for line in generated.splitlines() if line.startswith(("| row |", "| C5 |", "| D2 |"))]
+    assert len(rows) == 3 and all(section.count(row + "\n") == 1 for row in rows), "copy lr2/split.md's table"
