@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def rehearse(out: Path, limit_s: float = 1200) -> subprocess.CompletedProcess:
     """One call of the queue, its limit far above the rehearsal's length (about 100 s on two free cores)
-    so that a slow or loaded machine runs every item; the limit's own rule is tested without a clock."""
+    so that a slow or loaded machine runs every item; the limit's own rule is tested with a limit below any item's."""
     command = [sys.executable, "-m", "experiments.gpu.queue", "--cpu", f"--out={out}", f"--limit_s={limit_s}"]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=limit_s + 300)
 
