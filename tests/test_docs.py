@@ -439,6 +439,62 @@ def test_the_claims_table_gives_each_tables_verdicts():
     assert checked >= wanted, f"rows the claims table leaves out: {sorted(wanted - checked)}"
 
 
+PERCENT = re.compile(r"^[;,\s]*([+-]\d+\.\d+%)")  # the change a verdict cell gives before its word
+
+
+def regime_rows() -> dict[str, list[str]]:
+    """regime.md's table as it stands: each row's cells (the changes and verdicts in both tables, the interaction)."""
+    text = (REPO / "experiments" / "results" / TABLES["this table"] / "regime.md").read_text()
+    cells = [
+        [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
+    ]
+    return {row[0]: row[1:] for row in cells[1:]}
+
+
+def claims_table_numbers(section: str) -> list[tuple[str, str, str]]:
+    """(row, column, figure) for each change and interaction the claims table gives: the change before a
+    row's verdict in the 6,000-pair and all-pairs columns, the interaction ('A2: +3.4% [...]; A3: ...')."""
+    found = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) < 6 or not (named := ROWS_CELL.match(cells[1])):
+            continue
+        rows = named.group(1).split(", ")
+        for column, cell in (("6,000 pairs", cells[3]), ("all pairs", cells[4])):
+            start = 0
+            for row, word in zip(rows, VERDICT_WORD.finditer(cell)):
+                if change := PERCENT.match(cell[start : word.start()]):
+                    found.append((row, column, change.group(1)))
+                start = word.end()
+        for part in filter(None, cells[5].split("; ")):
+            row, _, figure = part.rpartition(": ")
+            found.append((row or rows[0], "interaction", figure))
+    return found
+
+
+def test_the_claims_table_gives_each_change_and_interaction_as_regime_md_prints_it_now():
+    """The claims table's changes (the 6,000-pair and all-pairs columns) and interactions are typed by
+    hand: each must be regime.md's as it stands, not a figure from fewer runs."""
+    columns = {"6,000 pairs": 0, "all pairs": 2, "interaction": 4}
+    printed = regime_rows()
+    figures = claims_table_numbers(regime_section())
+    wrong = [
+        (row, column, figure, printed[row][columns[column]])
+        for row, column, figure in figures
+        if not printed[row][columns[column]].startswith(figure) or (column == "interaction") != ("[" in figure)
+    ]
+    assert figures and wrong == [], wrong
+    assert {row for row, column, _ in figures if column == "interaction"} >= {
+        row for row, cells in printed.items() if cells[4]
+    }, "an interaction regime.md prints is missing"
+    line = "| x | A2, A3: h=4 | inconclusive | -5.5%, disagrees; +5.3%, disagrees | x | A2: +3.4% [+1.0%, +5.8%] |"
+    assert claims_table_numbers(line) == [
+        ("A2", "6,000 pairs", "-5.5%"),
+        ("A3", "6,000 pairs", "+5.3%"),
+        ("A2", "interaction", "+3.4% [+1.0%, +5.8%]"),
+    ]
+
+
 WORKED_ON = re.compile(
     r"the call\b|\bcalls? ran|carried|background time|compile budget|\bgoal\b|this CPU|stretch|\blande(d|r)\b", re.I
 )
