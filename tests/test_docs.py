@@ -10,6 +10,7 @@ exists. The checker is tested on itself too: a renamed flag and a broken link ma
 from __future__ import annotations
 
 import functools
+import gzip
 import importlib
 import json
 import re
@@ -368,10 +369,72 @@ def regime_section() -> str:
     return section[: min(ends)] if ends else section
 
 
+SNAPSHOT = re.compile(r"\bAt (\d+) runs \(([0-9a-f]{7,12}):")  # "At 51 runs (5d17ce9: B2's three seeds added)"
+MOVING = "table3-regime"  # the sweep whose records grow as its runs finish, each landing in its own commit
+
+
 @functools.cache
+def regime_snapshot() -> tuple[int, str]:
+    """(runs, commit) of the regime table as docs/table3.md quotes it: its paragraph of the most runs,
+    "At 51 runs (5d17ce9: ...)", names the commit of the records it was written from."""
+    found = [(int(runs), commit) for runs, commit in SNAPSHOT.findall(regime_section())]
+    assert found, "docs/table3.md's regime section names no 'At N runs (<commit>: ...)' paragraph"
+    return max(found)
+
+
+def finished_runs(analysis: dict) -> int:
+    """The runs an analysis.json counts: each row's seeds, base's too."""
+    return sum(row["n"] for row in analysis["rows"])
+
+
+@functools.cache
+def generated(folder: str, name: str) -> str:
+    """A generated file of experiments/results/FOLDER. The regime table's (MOVING, the learning-rate arm
+    too) as it stood at the commit docs/table3.md names, so that the pages quote one state of the records
+    and a run that lands later does not make them wrong; without git or that commit, the checkout's
+    where it holds that many runs."""
+    path = f"experiments/results/{folder}/{name}"
+    if not folder.startswith(MOVING):
+        return (REPO / path).read_text()
+    runs, commit = regime_snapshot()
+    if (text := git("show", f"{commit}:{path}")) is not None:
+        return text
+    checkout = json.loads((REPO / "experiments" / "results" / MOVING / "analysis.json").read_text())
+    if finished_runs(checkout) != runs:
+        pytest.skip(f"docs/table3.md quotes the regime table at {commit}, which this checkout lacks (no git?)")
+    return (REPO / path).read_text()
+
+
 def analysis_of(folder: str) -> dict:
-    """A sweep's result under its plan: analysis.json, written by experiments.analysis."""
-    return json.loads((REPO / "experiments" / "results" / folder / "analysis.json").read_text())
+    """A sweep's result under its plan: analysis.json, written by experiments.analysis (the regime
+    table's at the commit docs/table3.md names)."""
+    return json.loads(generated(folder, "analysis.json"))
+
+
+def finished_records(data: bytes) -> dict[tuple[str, int], dict]:
+    """(row, seed) -> final evaluations of each finished run of a records.jsonl.gz."""
+    lines = [json.loads(line) for line in gzip.decompress(data).splitlines()[1:]]
+    return {(r["row"], r["seed"]): r["evals"] for r in lines if r["state"] == "finished"}
+
+
+def test_the_regime_table_is_quoted_at_one_commit_of_its_own_records():
+    """The regime table's pages quote its records at a commit docs/table3.md names: that commit's
+    analysis holds the runs the paragraph says, the README's Results row says as many, and each of its
+    finished runs is in the checkout's records with the same evaluations (the same sweep, grown)."""
+    runs, commit = regime_snapshot()
+    assert finished_runs(analysis_of(MOVING)) == runs, (runs, commit)
+    (line,) = [line for line in (REPO / "README.md").read_text().splitlines() if "| Table 3 on all of Multi30k" in line]
+    assert f"{runs} runs)" in line, (runs, line)
+    records = REPO / "experiments" / "results" / MOVING / "records.jsonl.gz"
+    shown = ["git", "-C", str(REPO), "show", f"{commit}:{records.relative_to(REPO)}"]
+    try:
+        done = subprocess.run(shown, capture_output=True)
+    except OSError:  # no git
+        pytest.skip("no git: the named commit's records cannot be read")
+    if done.returncode != 0:
+        pytest.skip(f"this checkout lacks {commit} (no git, or a shallow clone)")
+    then, now = finished_records(done.stdout), finished_records(records.read_bytes())
+    assert len(then) == runs and {key: now.get(key) for key in then} == then
 
 
 def counts_of(folder: str) -> tuple[int, ...]:
@@ -384,7 +447,8 @@ def counts_of(folder: str) -> tuple[int, ...]:
 def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
     """The counts of each Table 3 sweep (agree / disagree / equivalent / inconclusive of the counted
     rows), in the README's Results table and in docs/table3.md's regime section, are typed by hand:
-    each must be the count that sweep's analysis.json holds, so that a table that moved is not left behind."""
+    each must be the count that sweep's analysis.json holds (the regime table's at the commit docs/table3.md
+    names), so that a table that moved is not left behind."""
     text = (REPO / "README.md").read_text()
     stated = regime_section()
     stated = stated[stated.index("the tables' counts") :]
@@ -443,8 +507,9 @@ PERCENT = re.compile(r"^[;,\s]*([+-]\d+\.\d+%)")  # the change a verdict cell gi
 
 
 def regime_rows() -> dict[str, list[str]]:
-    """regime.md's table as it stands: each row's cells (the changes and verdicts in both tables, the interaction)."""
-    text = (REPO / "experiments" / "results" / TABLES["this table"] / "regime.md").read_text()
+    """regime.md's table at the commit docs/table3.md quotes: each row's cells (the changes and verdicts
+    in both tables, the interaction)."""
+    text = generated(MOVING, "regime.md")
     cells = [
         [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
     ]
@@ -472,9 +537,9 @@ def claims_table_numbers(section: str) -> list[tuple[str, str, str]]:
     return found
 
 
-def test_the_claims_table_gives_each_change_and_interaction_as_regime_md_prints_it_now():
+def test_the_claims_table_gives_each_change_and_interaction_as_regime_md_prints_it_at_the_named_commit():
     """The claims table's changes (the 6,000-pair and all-pairs columns) and interactions are typed by
-    hand: each must be regime.md's as it stands, not a figure from fewer runs."""
+    hand: each must be regime.md's at the records the section quotes, not a figure from fewer runs."""
     columns = {"6,000 pairs": 0, "all pairs": 2, "interaction": 4}
     printed = regime_rows()
     figures = claims_table_numbers(regime_section())
@@ -518,9 +583,10 @@ def test_the_readme_summary_of_the_regime_table_is_at_most_150_words_and_its_fig
 
 
 def test_the_learning_rate_split_docs_table3_shows_is_the_generated_one():
-    """docs/table3.md's table of the learning-rate arm is lr2/split.md's, row for row, as it stands."""
-    generated = (REPO / "experiments" / "results" / "table3-regime" / "lr2" / "split.md").read_text()
+    """docs/table3.md's table of the learning-rate arm is lr2/split.md's, row for row, at the records
+    the regime section quotes (its Δ on all pairs at factor 1 moves with base's seeds)."""
+    split = generated(f"{MOVING}/lr2", "split.md")
     page = (REPO / "docs" / "table3.md").read_text()
     section = page[page.index("#### The learning rate's share") :]
-    rows = [line for line in generated.splitlines() if line.startswith(("| row |", "| C5 |", "| D2 |"))]
+    rows = [line for line in split.splitlines() if line.startswith(("| row |", "| C5 |", "| D2 |"))]
     assert len(rows) == 3 and all(section.count(row + "\n") == 1 for row in rows), "copy lr2/split.md's table"
