@@ -64,6 +64,10 @@ worker() {  # its own open file of LOCK (fd 9): flock excludes other processes' 
     flock 9; i=$(cat "$NEXT"); echo $((i + 1)) > "$NEXT"; flock -u 9
     [ "$i" -lt ${#QUEUE[@]} ] || return 0
     read -r a row seed <<< "${QUEUE[$i]}"; read -r root profile _ <<< "$(arm "$a")"
+    dir=$root/$row; [ "$seed" = 0 ] || dir=$root/$row.s$seed  # the run directory `run` names
+    if grep -qs '"finished"' "$dir/sweep.json"; then  # finished (or restored): no start, no wait
+      echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: finished"; continue
+    fi
     length=$EST; [ "$row" != C5 ] || length=$((EST * 18 / 10))
     if [ "$DEADLINE" != 0 ] && [ $(( $(date +%s) + length )) -gt "$DEADLINE" ]; then
       echo "$(date -u +%H:%M) worker $1: $a $row seed $seed not started: it would end after the deadline"; return 0
