@@ -8,7 +8,8 @@
 # Resumable: run it again. On a new machine the finished runs of the committed records are restored
 # first; a finished run is skipped, a stopped one resumes from its checkpoint. A run is started only
 # if it can end before DEADLINE (seconds since the epoch), EST seconds being a base-sized run's length
-# (C5, twice base's width, about 1.8 times as long: 0.93 steps a second against base's 1.6, two side by side).
+# (C5, twice base's width, about 1.8 times as long: 0.93 steps a second against base's 1.6, two side by side;
+# A4, 32 heads of d_k 2, about 1.5 times: 1.1 steps a second).
 # Usage: regime-runs.sh PINNED [ROOT=/tmp/t3full/root] [MULTI30K=/tmp/m30k] [DEADLINE=never] [EST=3600]
 #   git worktree add --detach /tmp/pin <commit>; ln -s "$PWD/.venv" /tmp/pin/.venv
 #   setsid nohup experiments/scripts/regime-runs.sh /tmp/pin /tmp/t3full/root /tmp/m30k $(date -d '+2 hours' +%s) &
@@ -68,7 +69,7 @@ worker() {  # its own open file of LOCK (fd 9): flock excludes other processes' 
     if grep -qs '"finished"' "$dir/sweep.json"; then  # finished (or restored): no start, no wait
       echo "$(date -u +%H:%M) worker $1: $a $row seed $seed: finished"; continue
     fi
-    length=$EST; [ "$row" != C5 ] || length=$((EST * 18 / 10))
+    case $row in C5) length=$((EST * 18 / 10)) ;; A4) length=$((EST * 15 / 10)) ;; *) length=$EST ;; esac
     if [ "$DEADLINE" != 0 ] && [ $(( $(date +%s) + length )) -gt "$DEADLINE" ]; then
       echo "$(date -u +%H:%M) worker $1: $a $row seed $seed not started: it would end after the deadline"; return 0
     fi
