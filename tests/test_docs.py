@@ -302,10 +302,10 @@ def quoted_estimates(text: str, printed: str) -> list[str]:
 COMMIT = re.compile(r"(?<![\w/.-])([0-9a-f]{7,12})(?![\w/-])")  # a commit a page names: "(5f4157f)"
 
 
-def git(*args: str, stdin: str | None = None) -> str | None:
-    """git's output in the checkout, None where git is missing or refuses."""
+def git(*args: str, stdin: str | None = None, text: bool = True) -> str | bytes | None:
+    """git's output in the checkout (bytes with text=False), None where git is missing or refuses."""
     try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], input=stdin, capture_output=True, text=True)
+        done = subprocess.run(["git", "-C", str(REPO), *args], input=stdin, capture_output=True, text=text)
     except OSError:
         return None
     return done.stdout if done.returncode == 0 else None
@@ -426,14 +426,9 @@ def test_the_regime_table_is_quoted_at_one_commit_of_its_own_records():
     (line,) = [line for line in (REPO / "README.md").read_text().splitlines() if "| Table 3 on all of Multi30k" in line]
     assert f"{runs} runs)" in line, (runs, line)
     records = REPO / "experiments" / "results" / MOVING / "records.jsonl.gz"
-    shown = ["git", "-C", str(REPO), "show", f"{commit}:{records.relative_to(REPO)}"]
-    try:
-        done = subprocess.run(shown, capture_output=True)
-    except OSError:  # no git
-        pytest.skip("no git: the named commit's records cannot be read")
-    if done.returncode != 0:
+    if (shown := git("show", f"{commit}:{records.relative_to(REPO)}", text=False)) is None:
         pytest.skip(f"this checkout lacks {commit} (no git, or a shallow clone)")
-    then, now = finished_records(done.stdout), finished_records(records.read_bytes())
+    then, now = finished_records(shown), finished_records(records.read_bytes())
     assert len(then) == runs and {key: now.get(key) for key in then} == then
 
 
