@@ -459,6 +459,66 @@ def test_the_verdict_counts_the_readme_states_are_the_analysis_counts():
         assert tuple(map(int, found.groups())) == (counts := counts_of(folder)[:4]), (start, found.group(0), counts)
 
 
+NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
+    "thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split())}  # fmt: skip
+SAME_ROWS = re.compile(
+    r"[Oo]n the same (\w+) rows,? the 6,000-pair table had ([^.;()]*?)(?:,? and the mini profile ([^.;()]*?))?"
+    r"(?: \(([^)]*) not counted there\))?[.;]"
+)  # "On the same 16 rows the 6,000-pair table had 4 agree, 8 disagree, 4 equivalent, and the mini profile ..."
+COUNT = re.compile(r"(\d+) (agrees?|disagrees?|equivalent|inconclusive)\b")
+
+
+def same_rows_counts(text: str) -> list[tuple[int, dict[str, int], dict[str, int] | None, list[str]]]:
+    """Each 'on the same N rows' contrast a text states: (N, the 6,000-pair table's counts by verdict, the
+    mini profile's or None, the rows named as not counted in mini)."""
+    found = []
+    for rows, six, mini, uncounted in SAME_ROWS.findall(" ".join(text.split())):
+        counts = [{PLURAL.get(w, w): int(n) for n, w in COUNT.findall(part)} for part in (six, mini)]
+        rows = int(rows) if rows.isdigit() else NUMBER_WORDS[rows]
+        found.append((rows, counts[0], counts[1] if mini else None, re.findall(ROW, uncounted)))
+    return found
+
+
+def newest_snapshot_paragraph() -> str:
+    """The regime section's paragraph 'At N runs (<commit>: ...)' of the most runs."""
+    runs, commit = regime_snapshot()
+    (paragraph,) = [p for p in regime_section().split("\n\n") if f"At {runs} runs ({commit}:" in p]
+    return paragraph
+
+
+def test_the_same_rows_contrasts_are_the_other_tables_verdicts_on_the_rows_this_table_counts():
+    """'On the same N rows the 6,000-pair table had ...' (the README's summary, and the newest paragraph of
+    docs/table3.md's regime section) is typed by hand: N must be the rows the regime table counts at the
+    commit the docs name, and each count that of the 6,000-pair table's (and the mini profile's) verdicts
+    on those rows, its rows without a verdict named as not counted."""
+    counted = [r["row"] for r in analysis_of(MOVING)["rows"] if r["verdict"]]
+    readme = (REPO / "README.md").read_text()
+    summary = readme[readme.index("\n## Table 3 on all of Multi30k") :].split("\n## ", 2)[1]
+    stated = {"README.md": same_rows_counts(summary), "docs/table3.md": same_rows_counts(newest_snapshot_paragraph())}
+    assert all(stated.values()), f"no 'on the same N rows the 6,000-pair table had ...' in {stated}"
+    wanted = {}
+    for folder in ("table3-multi30k", "table3-mini"):
+        verdicts = {r["row"]: r["verdict"] for r in analysis_of(folder)["rows"]}
+        found = [verdicts[row] for row in counted]
+        wanted[folder] = ({v: found.count(v) for v in VERDICTS if v in found}, [r for r in counted if not verdicts[r]])
+    for page, contrasts in stated.items():
+        for rows, six, mini, uncounted in contrasts:
+            assert rows == len(counted), (page, rows, counted)
+            assert {v: n for v, n in six.items() if n} == wanted["table3-multi30k"][0], (page, six, wanted)
+            if mini is not None:
+                assert ({v: n for v, n in mini.items() if n}, uncounted) == wanted["table3-mini"], (page, mini, wanted)
+    text = "On the same 16 rows the 6,000-pair table had 4 agree, 8 disagree, 4 equivalent, and the mini profile "
+    text += "5 agree, 2 disagree, 7 inconclusive (C1 and D1 not counted there)."
+    assert same_rows_counts(text) == [
+        (
+            16,
+            {"agrees": 4, "disagrees": 8, "equivalent": 4},
+            {"agrees": 5, "disagrees": 2, "inconclusive": 7},
+            ["C1", "D1"],
+        )
+    ]
+
+
 ROW = r"(?:A\d|B\d|C\d|D\d|E|big)"
 ROWS_CELL = re.compile(rf"^({ROW}(?:, {ROW})*)(?::|$)")  # "C1: N=1", "C2, C4, C6: ...", "big"
 VERDICT_WORD = re.compile(r"\b(disagrees?|agrees?|equivalent|inconclusive|not counted|not run)\b")
