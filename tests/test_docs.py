@@ -519,6 +519,34 @@ def test_the_same_rows_contrasts_are_the_other_tables_verdicts_on_the_rows_this_
     ]
 
 
+READOUTS_HEADER = "| row | the change | the paper | Δ dev PPL here [95% CI] | step 2,500 | step 3,750 | last step |"
+READOUTS = {"step 2,500": "step:2500", "step 3,750": "step:3750", "last step": "final"}  # column -> analysis.json
+
+
+def test_the_readouts_table_gives_each_counted_rows_verdict_at_the_three_readouts():
+    """docs/table3.md's table of each counted row at steps 2,500 and 3,750 and the last (the plan's
+    readouts) is typed by hand: each verdict must be analysis.json's at the commit the section names, and
+    every counted row must be in it once."""
+    section = regime_section()
+    assert section.count(READOUTS_HEADER) == 1, "docs/table3.md's regime section has no readouts table"
+    lines = section[section.index(READOUTS_HEADER) :].split("\n\n", 1)[0].splitlines()[2:]
+    analysis = analysis_of(MOVING)
+    columns = [cell.strip() for cell in READOUTS_HEADER.strip("|").split("|")]
+    shown = {}
+    for line in lines:
+        cells = dict(zip(columns, (cell.strip() for cell in line.strip().strip("|").split("|"))))
+        shown[cells["row"]] = {column: cells[column] for column in READOUTS}
+    wanted = {
+        r["row"]: {column: analysis["readouts"][key][r["row"]] for column, key in READOUTS.items()}
+        for r in analysis["rows"]
+        if r["verdict"]
+    }
+    assert len(shown) == len(lines) and shown == wanted, {
+        r: (shown.get(r), v) for r, v in wanted.items() if shown.get(r) != v
+    }
+    assert all(wanted[row]["last step"] == r["verdict"] for r in analysis["rows"] if (row := r["row"]) in wanted)
+
+
 ROW = r"(?:A\d|B\d|C\d|D\d|E|big)"
 ROWS_CELL = re.compile(rf"^({ROW}(?:, {ROW})*)(?::|$)")  # "C1: N=1", "C2, C4, C6: ...", "big"
 VERDICT_WORD = re.compile(r"\b(disagrees?|agrees?|equivalent|inconclusive|not counted|not run)\b")
