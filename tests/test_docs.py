@@ -369,6 +369,17 @@ def regime_section() -> str:
     return section[: min(ends)] if ends else section
 
 
+def readme_regime_summary() -> str:
+    """The README's section on the regime table, its heading line first."""
+    text = (REPO / "README.md").read_text()
+    return text[text.index("\n## Table 3 on all of Multi30k") :].split("\n## ", 2)[1]
+
+
+def table_cells(line: str) -> list[str]:
+    """A markdown table row's cells, stripped ('| a | b |' -> ['a', 'b'])."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
 SNAPSHOT = re.compile(r"\bAt (\d+) runs \(([0-9a-f]{7,12}):")  # "At 51 runs (5d17ce9: B2's three seeds added)"
 MOVING = "table3-regime"  # the sweep whose records grow as its runs finish, each landing in its own commit
 
@@ -492,9 +503,10 @@ def test_the_same_rows_contrasts_are_the_other_tables_verdicts_on_the_rows_this_
     commit the docs name, and each count that of the 6,000-pair table's (and the mini profile's) verdicts
     on those rows, its rows without a verdict named as not counted."""
     counted = [r["row"] for r in analysis_of(MOVING)["rows"] if r["verdict"]]
-    readme = (REPO / "README.md").read_text()
-    summary = readme[readme.index("\n## Table 3 on all of Multi30k") :].split("\n## ", 2)[1]
-    stated = {"README.md": same_rows_counts(summary), "docs/table3.md": same_rows_counts(newest_snapshot_paragraph())}
+    stated = {
+        "README.md": same_rows_counts(readme_regime_summary()),
+        "docs/table3.md": same_rows_counts(newest_snapshot_paragraph()),
+    }
     assert all(stated.values()), f"no 'on the same N rows the 6,000-pair table had ...' in {stated}"
     wanted = {}
     for folder in ("table3-multi30k", "table3-mini"):
@@ -531,10 +543,10 @@ def test_the_readouts_table_gives_each_counted_rows_verdict_at_the_three_readout
     assert section.count(READOUTS_HEADER) == 1, "docs/table3.md's regime section has no readouts table"
     lines = section[section.index(READOUTS_HEADER) :].split("\n\n", 1)[0].splitlines()[2:]
     analysis = analysis_of(MOVING)
-    columns = [cell.strip() for cell in READOUTS_HEADER.strip("|").split("|")]
+    columns = table_cells(READOUTS_HEADER)
     shown = {}
     for line in lines:
-        cells = dict(zip(columns, (cell.strip() for cell in line.strip().strip("|").split("|"))))
+        cells = dict(zip(columns, table_cells(line)))
         shown[cells["row"]] = {column: cells[column] for column in READOUTS}
     wanted = {
         r["row"]: {column: analysis["readouts"][key][r["row"]] for column, key in READOUTS.items()}
@@ -571,7 +583,7 @@ def test_the_claims_table_gives_each_tables_verdicts():
     tables = [claimed_verdicts(folder) for folder in TABLES.values()]
     checked = set()
     for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("|") else []
+        cells = table_cells(line) if line.startswith("|") else []
         if len(cells) < 5 or not (named := ROWS_CELL.match(cells[1])):
             continue
         rows = named.group(1).split(", ")
@@ -593,9 +605,7 @@ def regime_rows() -> dict[str, list[str]]:
     """regime.md's table at the commit docs/table3.md quotes: each row's cells (the changes and verdicts
     in both tables, the interaction)."""
     text = generated(MOVING, "regime.md")
-    cells = [
-        [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
-    ]
+    cells = [table_cells(line) for line in text.splitlines() if line.startswith("| ")]
     return {row[0]: row[1:] for row in cells[1:]}
 
 
@@ -604,7 +614,7 @@ def claims_table_numbers(section: str) -> list[tuple[str, str, str]]:
     row's verdict in the 6,000-pair and all-pairs columns, the interaction ('A2: +3.4% [...]; A3: ...')."""
     found = []
     for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("|") else []
+        cells = table_cells(line) if line.startswith("|") else []
         if len(cells) < 6 or not (named := ROWS_CELL.match(cells[1])):
             continue
         rows = named.group(1).split(", ")
@@ -658,8 +668,7 @@ def test_the_pages_speak_of_the_software_not_of_how_the_repository_was_worked_on
 
 
 def test_the_readme_summary_of_the_regime_table_is_at_most_150_words_and_its_figure():
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("\n## Table 3 on all of Multi30k") :].split("\n## ", 2)[1]
+    section = readme_regime_summary()
     figures = [line for line in section.splitlines() if line.startswith("![")]
     prose = " ".join(line for line in section.splitlines()[1:] if not line.startswith("!["))
     assert len(prose.split()) <= 150 and len(figures) == 1, (len(prose.split()), figures)
