@@ -1,5 +1,6 @@
 """A trained run in Python: the one way to load a checkpoint for evaluation, in a notebook or a
-script, and the path the commands `translate`, `evaluate` and `attention_maps` take too.
+script, and the path the commands `translate`, `evaluate` and `attention_maps` take too (they sit
+above this module; what they share with it, `evaluation` and `attention_weights`, below it).
 
     import fxformer
     run = fxformer.load("runs/default")                # step="best" | "latest" | 600, average_last=5
@@ -23,8 +24,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fxformer import attention_maps, cli, configfile, inference, parallel, paths
-from fxformer import evaluate as evaluation
+from fxformer import attention_weights, cli, configfile, evaluation, inference, parallel, paths
 from fxformer.data import pipeline
 from fxformer.errors import UserError
 from fxformer.tokens import PAD_ID
@@ -125,19 +125,20 @@ class TrainedRun:
                     out[j] = Score(float(lp), int(n))
         return out
 
-    def attention(self, source: str, target: str | None = None) -> attention_maps.Weights:
+    def attention(self, source: str, target: str | None = None) -> attention_weights.Weights:
         """Every attention weight on (source, target), teacher-forced with dropout off; without a
         target, on the run's own translation. `w.cross`, `w.encoder`, `w.decoder`: [layers, heads,
         queries, keys]; `w.axes(kind)` the wordpieces that label them."""
-        return attention_maps.pair_weights(self.restored, source, target, log=quiet)
+        return attention_weights.pair_weights(self.restored, source, target, log=quiet)
 
-    def evaluate(self, split: str = "test", limit: int = 0, **decode) -> dict:
+    def evaluate(self, split: str = "test", limit: int = 0, *, log=quiet, report=None, **decode) -> dict:
         """Perplexity per wordpiece, sacreBLEU (cased and lowercased) and chrF on `split` (its first
         `limit` sentences if > 0), as `fxformer.evaluate` prints them; the results and translations
-        are written to W/eval/ as the command writes them, their path under "path"."""
+        are written to W/eval/ as the command writes them, their path under "path". `log`: progress;
+        `report(results)`: called with the scores before anything is written."""
         run = self.with_decode(**decode)
         evaluation.check_writable(self.workdir)
-        return evaluation.evaluate(self.workdir, split, self.step, limit=limit, log=quiet, restored=run.restored)
+        return evaluation.evaluate(run.restored, self.workdir, split, self.step, limit, log, report)
 
 
 def load(
@@ -146,16 +147,19 @@ def load(
     average_last: int | None = None,
     overrides=(),
     log=quiet,
+    keep_average: bool = True,
 ) -> TrainedRun:
     """A training workdir's checkpoint restored for evaluation: `step` "latest" (the last saved),
     "best" (the best dev metric seen in training) or a step number; `average_last` k averages the k
-    checkpoints ending at `step` (None: the config's for "latest", else 1). `overrides`: (key,
-    value) pairs of the decode section, as the commands' `--config.decode.*` flags. A workdir that
-    is no training run is refused in one sentence, as the commands refuse it."""
+    checkpoints ending at `step` (None: the config's for "latest", else 1), and an average is saved
+    under `W/averaged/` for the next load (`keep_average=False`: reused if saved, else kept in
+    memory only, as `attention_maps` does: it writes nothing outside `W/attention/`). `overrides`:
+    (key, value) pairs of the decode section, as the commands' `--config.decode.*` flags. A workdir
+    that is no training run is refused in one sentence, as the commands refuse it."""
     if isinstance(step, str) and step not in ("latest", "best"):
         step = int(step) if step.isdigit() else step  # "600" as the commands' --step takes it
     run = workdir if isinstance(workdir, paths.Workdir) else cli.workdir(os.fspath(workdir))
-    restored = inference.restore(run, step, average_last, overrides, log)
+    restored = inference.restore(run, step, average_last, overrides, log, keep_average)
     return TrainedRun(run, restored, step)
 
 

@@ -19,156 +19,31 @@ Writes into W/attention/<name>/ only (--name, else the source's first words and 
   summary.json                        per head: the entropy of its attention and where it looks most
   weights.json (with --json)          the weights themselves, per kind, layer and head, with the tokens
 Decoder positions are labelled by the token they read (`<s>` first) in decoder self-attention,
-and by the token they predict in encoder-decoder attention. In a notebook:
-`run = inference.restore(cli.workdir("runs/default")); w = attention_maps.pair_weights(run, "The dog sleeps.")`.
+and by the token they predict in encoder-decoder attention. In a notebook, the weights and a figure:
+`w = fxformer.load("runs/default").attention("The dog sleeps.")`, then
+`attention_maps.draw_grid(w, "cross", "cross.png", title="")`.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fxformer import cli, inference, inferflags, parallel, paths, png
+from fxformer import api, attention_weights, cli, inferflags, parallel, paths, png
+from fxformer.attention_weights import KINDS, Weights, check_sentences
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
-from fxformer.model import Transformer, TransformerConfig
 
-KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 AXES = {  # (queries, keys) of each kind, as the figures name them
     "encoder": ("source wordpiece", "source wordpiece"),
     "decoder": ("decoder position (the token it reads)", "decoder position (the token it reads)"),
     "cross": ("decoder position (the token it predicts)", "source wordpiece"),
 }
 MIN_LINE = 0.1  # the line view leaves out weaker weights: a diffuse head would grey the whole figure
-
-
-@dataclasses.dataclass(frozen=True)
-class Weights:
-    """The attention weights of one sentence pair: float32 arrays [layers, heads, queries, keys]."""
-
-    source: str
-    target: str
-    translated: bool  # the target is the model's own translation
-    source_tokens: list[str]  # the source's wordpieces, then </s>
-    decoder_inputs: list[str]  # <s>, then the target's wordpieces: what each decoder position reads
-    target_tokens: list[str]  # the target's wordpieces, then </s>: what each decoder position predicts
-    encoder: np.ndarray  # [N, h, source, source]
-    decoder: np.ndarray  # [N, h, target, target]
-    cross: np.ndarray  # [N, h, target, source]
-
-    def of(self, kind: str) -> np.ndarray:
-        """The weights of `kind` (a key of `KINDS`)."""
-        return getattr(self, kind)
-
-    def axes(self, kind: str) -> tuple[list[str], list[str]]:
-        """The tokens that label the (queries, keys) of `kind`."""
-        return {
-            "encoder": (self.source_tokens, self.source_tokens),
-            "decoder": (self.decoder_inputs, self.decoder_inputs),
-            "cross": (self.target_tokens, self.source_tokens),
-        }[kind]
-
-    def to_json(self) -> dict:
-        """Tokens and weights as plain lists: weights[kind][layer][head][query][key], layer and head from 0."""
-        return {
-            "source": self.source,
-            "target": self.target,
-            "translated": self.translated,
-            "tokens": {
-                "source": self.source_tokens,
-                "decoder_inputs": self.decoder_inputs,
-                "targets": self.target_tokens,
-            },
-            "axes": {
-                "encoder": ["source", "source"],
-                "decoder": ["decoder_inputs", "decoder_inputs"],
-                "cross": ["targets", "source"],
-            },
-            "weights": {kind: np.round(self.of(kind).astype(np.float64), 7).tolist() for kind in KINDS},
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# The weights
-
-
-def teacher_forced_weights(config: TransformerConfig, params, inputs, targets) -> dict[str, jax.Array]:
-    """kind -> [batch, N, h, queries, keys]: the post-softmax weights of every layer and head in
-    the teacher-forced pass of `inputs` [b, s] and `targets` [b, t] (PAD_ID-padded), dropout off.
-    The model's attention sows them (`MultiHeadAttention`, collection `intermediates`)."""
-    # the hand-written attention: cuDNN's fused kernel never forms the weights
-    model = Transformer(dataclasses.replace(config, attention_impl="xla", decode=False))
-    apply = jax.jit(lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"])[1])
-    sown = apply(params, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets, jnp.int32))["intermediates"]
-
-    def stack(side: str, sublayer: str) -> jax.Array:
-        layers = [sown[side][f"layer_{i}"][sublayer]["attention_weights"][0] for i in range(config.num_layers)]
-        return jnp.stack(layers, axis=1)
-
-    return {
-        "encoder": stack("encoder", "self_attention"),
-        "decoder": stack("decoder", "self_attention"),
-        "cross": stack("decoder", "cross_attention"),
-    }
-
-
-def own_translation(run: inference.Restored, source: str, log=print) -> str:
-    """The best translation of `source`, found as `fxformer.translate` finds it: the run's decode
-    section, checkpoint(s), batch size and padded length."""
-    return inference.translate_sources(run, [source], log=log)[0][0][0]
-
-
-def check_sentences(source: str, target: str | None) -> None:
-    """Refuse an empty source, or an empty target given as such (None: the model's own)."""
-    if not source.strip():
-        raise UserError("The source sentence is empty; give one with --source.")
-    if target is not None and not target.strip():
-        raise UserError("The target sentence is empty; give a translation, or leave --target out to use the model's.")
-
-
-def check_length(what: str, n: int, limit: int, why: str) -> None:
-    """Refuse a sentence of `n` wordpieces beyond `limit` (`why` says where the limit comes from)."""
-    if n > limit:
-        raise UserError(
-            f"The {what} has {n} wordpieces (with the end-of-sentence mark) but this model takes at most {limit} "
-            f"({why}); give a shorter sentence."
-        )
-
-
-def pair_weights(run: inference.Restored, source: str, target: str | None = None, log=print) -> Weights:
-    """Every attention weight of the restored `run` (`restore`) on `source` and `target`
-    (None: the model's own translation), with the wordpieces that label them. Unknown
-    characters become the tokenizer's <unk>, as in training."""
-    check_sentences(source, target)
-    c, tokenizer = run.model.config, run.tokenizer
-    source_ids = tokenizer.encode(source)
-    translated = target is None
-    if translated:  # as translate does, but refused rather than cut: the figures show the whole sentence
-        extra = run.decode.max_extra
-        why = f"model.max_len {c.max_len} less decode.max_extra {extra} for its translation"
-        check_length("source", len(source_ids), c.max_len - extra, why)
-        target = own_translation(run, source, log)
-    else:
-        check_length("source", len(source_ids), c.max_len, f"model.max_len {c.max_len}")
-    target_ids = tokenizer.encode(target)
-    check_length("target", len(target_ids), c.max_len, f"model.max_len {c.max_len}")
-    found = jax.device_get(teacher_forced_weights(c, run.params, source_ids[None], target_ids[None]))
-    pieces = [tokenizer.sp.id_to_piece(int(i)) for i in target_ids]
-    return Weights(
-        source=source,
-        target=target,
-        translated=translated,
-        source_tokens=[tokenizer.sp.id_to_piece(int(i)) for i in source_ids],
-        decoder_inputs=[tokenizer.sp.id_to_piece(tokenizer.sp.bos_id()), *pieces[:-1]],
-        target_tokens=pieces,
-        **{kind: np.asarray(a[0], np.float32) for kind, a in found.items()},
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,8 +250,8 @@ def main() -> None:
     parent = workdir.root / "attention"
     paths.check_writable(parent, "the figures are written")
 
-    run = inference.restore(workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
-    w = pair_weights(run, args.source, args.target, log)
+    run = api.load(workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
+    w = attention_weights.pair_weights(run.restored, args.source, args.target, log)
     if w.translated:
         parallel.print_once(f"translation: {w.target}")
     rows = head_summary(w)

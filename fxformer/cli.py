@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 import ml_collections
 from absl import logging as absl_logging
 
-from fxformer import configfile, exitcodes, paths
+from fxformer import compilecache, configfile, exitcodes, paths
 from fxformer.errors import UserError
 
 
-def parser(description: str, module: str, config: bool = True) -> argparse.ArgumentParser:
-    """An ArgumentParser for `python -m <module>` that takes `--config=file[:arg]` and `--config.key=value`."""
+def parser(description: str, module: str, config: bool = True, compiles: bool = True) -> argparse.ArgumentParser:
+    """An ArgumentParser for `python -m <module>` that takes `--config=file[:arg]` and `--config.key=value`
+    (`config`), and `--compilation_cache` (`compiles`: a command that compiles JAX programs)."""
     typed = os.path.basename(sys.argv[0])  # an installed command (fxformer-train) or `python -m`'s path
     p = argparse.ArgumentParser(
         prog=typed if typed.startswith("fxformer-") else f"python -m {module}",
@@ -37,14 +38,19 @@ def parser(description: str, module: str, config: bool = True) -> argparse.Argum
     )
     if config:
         p.add_argument("--config", help="config file and optional argument: configs/table3.py:B1")
+    if compiles:
+        compilecache.add_flag(p)
     return p
 
 
 def parse(
     p: argparse.ArgumentParser, argv: Sequence[str] | None = None
 ) -> tuple[argparse.Namespace, ml_collections.ConfigDict | None]:
-    """Parse flags; load the config and apply its overrides in command-line order (`configfile`)."""
+    """Parse flags; turn the compilation cache on (`compilecache`); load the config and apply its
+    overrides in command-line order (`configfile`)."""
     args, rest = p.parse_known_args(argv)
+    if hasattr(args, "compilation_cache"):
+        compilecache.enable(args.compilation_cache)
     overrides = configfile.overrides(rest)
     config = None
     if getattr(args, "config", None):

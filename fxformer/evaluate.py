@@ -15,120 +15,29 @@ search overwrites another's results); the model and data are the trained run's.
 `--hypotheses=FILE` scores an existing translation file (one line per sentence of the split, in
 the order of the `.ref.txt` an evaluation writes: TFDS stores the WMT splits in its own order, not
 the official file's) with the same sacreBLEU settings, without a model.
+
+The run is loaded by `fxformer.load`, as from Python; the evaluation itself is `fxformer.evaluation`.
 """
 
 from __future__ import annotations
 
-import json
-
-import jax
-import ml_collections
-import sacrebleu
-
-from fxformer import cli, inference, inferflags, parallel, paths
+from fxformer import api, cli, evaluation, inferflags, parallel, paths
 from fxformer.config import load_workdir_config
-from fxformer.data import corpora, pipeline
+from fxformer.data import corpora
 from fxformer.errors import UserError
-
-
-def references_of(config: ml_collections.ConfigDict, split: str, limit: int, log=print):
-    """(the split's records, how many are used, their reference translations)."""
-    data = config.data
-    source = corpora.data_source(corpora.prepare(data, log=log), split)
-    references = pipeline.references(source, data, limit)  # the first `limit` if > 0
-    return source, len(references), references
-
-
-def scores(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU's BLEU (with its signature), its lowercased BLEU (`sacrebleu -lc`, the small-corpus
-    literature's usual figure) and chrF of a corpus."""
-    bleu, signature = inference.bleu(hypotheses, references)
-    lowercased = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hypotheses, [references])
-    chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
-    return {
-        "bleu": bleu.score,
-        "bleu_lc": lowercased.score,
-        "chrf": chrf.score,
-        "sacrebleu": str(bleu),
-        "signature": signature,
-    }
-
-
-def evaluate(
-    workdir: paths.Workdir,
-    split: str = "test",
-    step: int | str = "latest",
-    average_last: int | None = None,
-    overrides=(),
-    limit: int = 0,
-    log=print,
-    report=None,
-    restored: inference.Restored | None = None,
-) -> dict:
-    """Perplexity and sacreBLEU of a workdir's checkpoint(s) on `split` (`step`, `average_last`:
-    which, as `inference.restore` takes them); writes and returns the results. `report(results)`,
-    if given, is called before anything is written (so a disk that fills at the end loses no score).
-    `restored`: those checkpoint(s) already restored with the same `step`, `average_last` and
-    `overrides` by a caller that checked `W/eval` writable first (several splits in one process)."""
-    run = restored or restore_writable(workdir, step, average_last, overrides, log)
-    source, n, references = references_of(run.config, split, limit, log)
-    examples = pipeline.tokenize_split(source, run.tokenizer, run.config.data, n)
-
-    loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh, run.config.loss_chunk_tokens)
-    losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
-    best = inference.BestTranslations(
-        run.model, run.mesh, run.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
-    )
-    options = best.options
-    hypotheses = best(run.params, f"{options.strategy} search ({split})")
-
-    steps = run.steps
-    first = n if n < len(source) else 0
-    result = workdir.eval_result(split, steps, best=step == "best", first=first, decode=run.decode_changes)
-    results = {
-        **scores(hypotheses, references),
-        **{k: losses[k] for k in ("ppl", "nll", "loss", "accuracy")},
-        "num_sentences": n,
-        "split": split,
-        "checkpoint_steps": steps,
-        "decode": options.to_dict(),  # the search's options (older results held beam_size and alpha at top level too)
-        "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
-        "devices": jax.device_count(),
-    }
-    if report is not None:
-        report(results)
-    if jax.process_index() == 0:
-        result.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(result.with_suffix(".hyp.txt"), "".join(h + "\n" for h in hypotheses))
-        paths.write_atomic(result.with_suffix(".ref.txt"), "".join(r + "\n" for r in references))
-        paths.write_atomic(result, json.dumps(results, indent=2) + "\n")
-        results["path"] = str(result)
-    return results
-
-
-def check_writable(workdir: paths.Workdir) -> None:
-    """On process 0, that W/eval/ can take the results: checked before any work, since they are written at the end."""
-    if jax.process_index() == 0:
-        paths.check_writable(workdir.eval, "evaluation writes its results")
-
-
-def restore_writable(workdir: paths.Workdir, step, average_last, overrides, log) -> inference.Restored:
-    """`inference.restore`, after `check_writable`."""
-    check_writable(workdir)
-    return inference.restore(workdir, step, average_last, overrides, log)
 
 
 def score_file(workdir: paths.Workdir, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
     """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
     config = load_workdir_config(workdir)
     hypotheses = paths.split_lines(cli.read_flag_file("hypotheses", hypotheses_file), hypotheses_file)
-    _, n, references = references_of(config, split, limit, log)
+    _, n, references = evaluation.references_of(config, split, limit, log)
     if len(hypotheses) != n:
         raise UserError(
             f"{hypotheses_file} has {len(hypotheses):,} lines but the {split} split has {n:,} sentences; "
             "give one translation per line, in order (or --limit=N for the first N)."
         )
-    return {**scores(hypotheses, references), "num_sentences": n, "split": split}
+    return {**evaluation.scores(hypotheses, references), "num_sentences": n, "split": split}
 
 
 def main() -> None:
@@ -171,14 +80,14 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    restored = None
-    if len(splits) > 1:  # restored once; every split checked before the first is decoded
-        restored = restore_writable(workdir, args.step, args.average_last, args.overrides, say)
-        builder = corpora.prepare(restored.config.data, log=say)
+    evaluation.check_writable(workdir)  # before the restore: the results are written at the end
+    run = api.load(workdir, args.step, args.average_last, args.overrides, say)
+    if len(splits) > 1:  # every split checked before the first is decoded
+        builder = corpora.prepare(run.config.data, log=say)
         for split in splits:
             corpora.data_source(builder, split)
     for split in splits:
-        r = evaluate(workdir, split, args.step, args.average_last, args.overrides, args.limit, say, report, restored)
+        r = evaluation.evaluate(run.restored, workdir, split, args.step, args.limit, say, report)
         say(
             f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
             f"{r.get('path', workdir)}",

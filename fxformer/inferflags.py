@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from fxformer import cli, configfile, parallel
+from fxformer import cli, compilecache, configfile, parallel
 from fxformer.config import DecodeOptions
 from fxformer.errors import UserError
 
@@ -39,8 +39,10 @@ def parser(description: str, module: str) -> argparse.ArgumentParser:
 
 def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """The flags, with `args.step` as `inference.restore` takes it ('latest', 'best' or a step
-    number) and `args.overrides`: the (key, value) pairs of the --config.decode.* flags."""
+    number) and `args.overrides`: the (key, value) pairs of the --config.decode.* flags; the
+    compilation cache turned on (`compilecache`)."""
     args, rest = p.parse_known_args(argv)
+    compilecache.enable(args.compilation_cache)
     args.overrides = configfile.overrides(rest)
     args.step = checkpoint_choice(args.step)
     parallel.join_cluster(args)

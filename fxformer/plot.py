@@ -86,7 +86,7 @@ def plot(workdirs: list[str], out: paths.PathLike, x: str = "step", keys: tuple[
 
 
 def main() -> None:
-    p = cli.parser(__doc__, "fxformer.plot", config=False)
+    p = cli.parser(__doc__, "fxformer.plot", config=False, compiles=False)
     p.add_argument("--workdir", action="append", required=True, help="a run directory (repeat to overlay runs)")
     p.add_argument("--out", default="", help="the PNG file (default: W/curves.png of the first workdir)")
     p.add_argument("--x", default="step", choices=sorted(X_AXES), help="the horizontal axis (default: step)")

@@ -1,6 +1,5 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
-import atexit
 import contextlib
 import json
 import os
@@ -9,21 +8,28 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 # A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
-# One compilation cache for the whole session, shared by every command the tests start: the
-# same tiny model is compiled by dozens of processes (identical programs, identical results).
-# The process that makes it (pytest itself, before its xdist workers start) removes it at exit.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="fxformer-test-jax-cache-")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# The commands' compilation cache (fxformer/compilecache.py: the per-user folder, or
+# $FXFORMER_COMPILATION_CACHE), on for the tests and every command they start, which inherit these
+# variables: the same tiny model is compiled by dozens of processes (identical programs, identical
+# results), and by the next run of the suite. Every program is kept, however fast it compiled,
+# and without JAX's size limit: with one, every write lists the whole folder, and the suite writes
+# thousands of entries (about 45 MB); the suite empties the folder itself past `TESTS_CACHE_MOST`.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
+from fxformer import compilecache  # noqa: E402  (imports no JAX)
+
+TESTS_CACHE_MOST = 1 << 30
+_cache = compilecache.enable()  # before JAX is imported: as environment variables, which the commands inherit
+if "PYTEST_XDIST_WORKER" not in os.environ and "jax_compilation_cache_dir" in _cache:  # pytest itself, once
+    if compilecache.size(_cache["jax_compilation_cache_dir"])[1] > TESTS_CACHE_MOST:
+        shutil.rmtree(_cache["jax_compilation_cache_dir"], ignore_errors=True)
 
 import fsspec  # noqa: E402
 import jax  # noqa: E402
@@ -277,16 +283,16 @@ def logged(workdir, key="loss"):
 
 
 def final_params(workdir, devices: int | None = None):
-    """The parameters of the latest checkpoint, restored by fxformer.evaluate's loader, as NumPy:
+    """The parameters of the latest checkpoint, restored by `fxformer.load` (the commands' loader), as NumPy:
     in this process, or in a command of its own on `devices` fake devices."""
     if devices is None:
-        from fxformer import inference, paths
+        import fxformer
 
-        params = inference.restore(paths.Workdir(workdir), average_last=1, log=lambda *a: None).params
+        params = fxformer.load(workdir, average_last=1).params
         return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
     code = (
-        "import sys, numpy as np, jax; from fxformer import inference, paths; "
-        "r = inference.restore(paths.Workdir(sys.argv[1]), average_last=1); params, mesh = r.params, r.mesh; "
+        "import sys, numpy as np, jax, fxformer; "
+        "r = fxformer.load(sys.argv[1], average_last=1).restored; params, mesh = r.params, r.mesh; "
         "flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}; "
         "np.savez(sys.argv[2], **flat); print(r.steps, len(mesh.devices.flat))"
     )

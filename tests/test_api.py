@@ -2,6 +2,7 @@
 with: its translations are `fxformer.translate`'s, its scores give `evaluate`'s perplexity, and a
 workdir it cannot load is refused in the commands' sentence. `import fxformer` stays free of JAX."""
 
+import ast
 import math
 import subprocess
 import sys
@@ -92,3 +93,82 @@ def test_importing_fxformer_imports_no_jax_until_load_is_used():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def restore_calls(tree: ast.AST) -> list[ast.AST]:
+    """The calls of `inference.restore` in a module: `inference.restore(...)`, `fxformer.inference.restore(...)`
+    or a bare `restore(...)` imported from `fxformer.inference`."""
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "fxformer.inference"
+        for alias in node.names
+        if alias.name == "restore"
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "restore" and ast.unparse(f.value).endswith("inference"):
+            found.append(node)
+        elif isinstance(f, ast.Name) and f.id in imported:
+            found.append(node)
+    return found
+
+
+def test_inference_restore_has_one_caller_fxformer_load():
+    callers = []
+    for path in sorted(REPO.glob("**/*.py")):
+        if any(part.startswith(".") for part in path.relative_to(REPO).parts):  # .venv, .git
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        for call in restore_calls(tree):
+            inside = [f.name for f in functions if f.lineno <= call.lineno <= (f.end_lineno or f.lineno)]
+            callers.append(f"{path.relative_to(REPO)}:{inside[-1] if inside else '<module>'}")
+        for node in ast.walk(tree) if path.parts[-2] != "tests" else ():  # docstring recipes: what readers copy
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "inference.restore(" in node.value:
+                callers.append(f"{path.relative_to(REPO)}: a string shows inference.restore(...)")
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if "inference.restore(" in page.read_text():
+            callers.append(f"{page.relative_to(REPO)}: shows inference.restore(...)")
+    assert callers == ["fxformer/api.py:load"]
+
+
+class Loaded(Exception):
+    """Raised by the stand-in for `fxformer.api.load`: the command reached it, with these arguments."""
+
+
+@pytest.mark.parametrize(
+    "module, flags",
+    [
+        ("evaluate", ["--split=test", "--limit=2", "--config.decode.beam_size=2"]),
+        ("attention_maps", ["--source=The dog sleeps."]),
+        ("translate", ["--input=/dev/null"]),
+    ],
+)
+def test_the_commands_load_their_run_through_fxformer_load(trained, monkeypatch, module, flags):
+    import importlib
+
+    from fxformer import api
+
+    calls = []
+
+    def load(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise Loaded
+
+    monkeypatch.setattr(api, "load", load)
+    monkeypatch.setattr(sys, "argv", [module, f"--workdir={trained}", "--step=2", *flags])
+    with pytest.raises(Loaded):
+        importlib.import_module(f"fxformer.{module}").main()
+    ((args, kwargs),) = calls
+    assert str(args[0].root) == str(trained) and args[1] == 2
+    if module == "evaluate":
+        assert ("decode.beam_size", "2") in args[3]
+    if module == "attention_maps":  # an average it makes is not written outside W/attention/
+        assert kwargs == {"keep_average": False}

@@ -19,7 +19,7 @@ from etils import epath
 from test_paths import fake_gcs  # noqa: F401  (a fixture)
 
 from configs import table3
-from fxformer import attention_maps, exitcodes, inference, parallel
+from fxformer import attention_maps, attention_weights, exitcodes, inference, parallel
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -119,10 +119,10 @@ def softmax_by_hand(config, p, xq, xk, mask):
 def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(name):
     config = CONFIGS[name]
     params = init(config)
-    got = jax.device_get(attention_maps.teacher_forced_weights(config, params, INPUTS, TARGETS))
+    got = jax.device_get(attention_weights.teacher_forced_weights(config, params, INPUTS, TARGETS))
     want = by_hand(config, params, INPUTS, TARGETS)
     real = {"encoder": INPUTS != PAD_ID, "decoder": TARGETS != PAD_ID, "cross": TARGETS != PAD_ID}  # query rows
-    for kind in attention_maps.KINDS:
+    for kind in attention_weights.KINDS:
         assert got[kind].shape == want[kind].shape == (2, config.num_layers, config.num_heads, *want[kind].shape[3:])
         for b in range(2):
             np.testing.assert_allclose(
@@ -135,7 +135,7 @@ def test_weights_equal_a_softmax_of_the_models_own_query_and_key_projections(nam
 
 def test_rows_sum_to_one_and_masked_keys_get_exactly_zero():
     config = CONFIGS["post"]
-    got = jax.device_get(attention_maps.teacher_forced_weights(config, init(config), INPUTS, TARGETS))
+    got = jax.device_get(attention_weights.teacher_forced_weights(config, init(config), INPUTS, TARGETS))
     source_keys, target_keys = INPUTS != PAD_ID, TARGETS != PAD_ID
     future = np.triu(np.ones((TARGETS.shape[1],) * 2, bool), k=1)
     for kind, queries, keys in (
@@ -156,12 +156,12 @@ def test_weights_do_not_change_with_the_batch_they_come_in():
     config = CONFIGS["pre"]
     params = init(config)
     short_source, short_target = np.array([[5, 6, 7, 3]]), np.array([[8, 9, 3]])
-    alone = jax.device_get(attention_maps.teacher_forced_weights(config, params, short_source, short_target))
+    alone = jax.device_get(attention_weights.teacher_forced_weights(config, params, short_source, short_target))
     long_source = np.array([[10, 11, 12, 13, 14, 15, 16, 3]])
     long_target = np.array([[17, 18, 19, 20, 21, 3]])
     pad = lambda a, n: np.pad(a, ((0, 0), (0, n - a.shape[1])))  # noqa: E731
     batch = jax.device_get(
-        attention_maps.teacher_forced_weights(
+        attention_weights.teacher_forced_weights(
             config,
             params,
             np.concatenate([pad(short_source, 8), long_source]),
@@ -188,7 +188,7 @@ def untrained(corpus, data_dir):
 
 def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(untrained):
     run = untrained
-    w = attention_maps.pair_weights(run, "The dog sees the ☃.", "Der Hund sieht den Mann.")
+    w = attention_weights.pair_weights(run, "The dog sees the ☃.", "Der Hund sieht den Mann.")
     sp = run.tokenizer.sp
     source_ids = sp.encode("The dog sees the ☃.") + [EOS_ID]
     assert w.source_tokens == [sp.id_to_piece(i) for i in source_ids] and w.source_tokens[-1] == "</s>"
@@ -200,7 +200,7 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
     assert w.encoder.shape == (L, h, s, s) and w.decoder.shape == (L, h, t, t) and w.cross.shape == (L, h, t, s)
     # the pair's weights, as a float64 softmax of the model's own projections of these wordpieces gives them
     want = by_hand(run.model.config, run.params, np.array([source_ids]), np.array([run.tokenizer.encode(w.target)]))
-    for kind in attention_maps.KINDS:
+    for kind in attention_weights.KINDS:
         np.testing.assert_allclose(getattr(w, kind), want[kind][0], atol=2e-6, err_msg=kind)
     saved = json.loads(json.dumps(w.to_json()))
     assert saved["tokens"]["source"] == w.source_tokens
@@ -215,13 +215,13 @@ def test_weights_of_a_pair_carry_its_wordpieces_and_refuse_what_does_not_fit(unt
         ("The dog.", "", "The target sentence is empty"),
     ):
         with pytest.raises(UserError, match=None) as e:
-            attention_maps.pair_weights(run, source, target)
+            attention_weights.pair_weights(run, source, target)
         assert words in str(e.value) and str(e.value).count(". ") == 0, str(e.value)
 
 
 def synthetic(encoder, decoder, cross, source=4, target=3):
     tokens = lambda n, end: [f"t{i}" for i in range(n - 1)] + [end]  # noqa: E731
-    return attention_maps.Weights(
+    return attention_weights.Weights(
         "s",
         "t",
         False,
@@ -261,7 +261,7 @@ def test_summary_names_the_place_each_head_looks_and_its_entropy():
 
 
 def test_figures_reach_a_gs_workdir_as_urls(untrained, fake_bucket):
-    w = attention_maps.pair_weights(untrained, "The dog sees the man.", "Der Hund sieht den Mann.")
+    w = attention_weights.pair_weights(untrained, "The dog sees the man.", "Der Hund sieht den Mann.")
     out = "gs://bucket/w/attention/x"
     attention_maps.draw_grid(w, "cross", f"{out}/cross.png", "test", dpi=40)
     attention_maps.draw_lines(w, "encoder", 1, [1, 2], f"{out}/lines.png", "test", dpi=40)
@@ -398,7 +398,8 @@ def test_every_table3_row_gives_weights_of_its_layers_heads_and_lengths():
         params = jax.eval_shape(Transformer(config).init, jax.random.key(0), inputs, targets)["params"]
         if row == "base":  # the fused kernel never forms the weights: the reference attention is used
             config = dataclasses.replace(config, attention_impl="cudnn")
-        got = jax.eval_shape(functools.partial(attention_maps.teacher_forced_weights, config), params, inputs, targets)
+        weights = functools.partial(attention_weights.teacher_forced_weights, config)
+        got = jax.eval_shape(weights, params, inputs, targets)
         n, h = config.num_layers, config.num_heads
         assert {kind: a.shape for kind, a in got.items()} == {
             "encoder": (1, n, h, 7, 7),

@@ -11,6 +11,7 @@ import pytest
 from conftest import cluster_flags, cut_short, is_gloo, left_as_is, on_two_processes, own_lines, refused_in_process
 from conftest import run_module as run
 
+import fxformer
 from fxformer import checkpoint, exitcodes, parallel, paths, trainstate
 from fxformer.config import load_workdir_config
 from fxformer.data import corpora
@@ -154,7 +155,7 @@ def test_evaluate_reads_the_runs_config_once_and_keeps_the_decode_options_once(
 
     monkeypatch.setattr(type(workdir.config), "read_text", counted)
     alpha = [("decode.alpha", "1.5")]
-    results = evaluate.evaluate(workdir, "test", 20, 1, alpha, limit=4, log=lambda *a, **k: None)
+    results = fxformer.load(workdir, 20, 1, alpha).evaluate("test", limit=4)
     assert reads == [str(workdir.config)]  # once, for the restore and the result's name alike
     assert results["path"] == str(workdir.eval / "test-20-alpha=1.5-first4.json")
     written = json.loads((workdir.eval / "test-20-alpha=1.5-first4.json").read_text())

@@ -17,7 +17,8 @@ from conftest import TINY, FakeBucket, small_config
 from etils import epath
 from test_train import read_tensorboard_scalars
 
-from fxformer import checkpoint, evaluate, paths, train
+import fxformer
+from fxformer import checkpoint, paths, train
 from fxformer.config import with_overrides
 from fxformer.early import counts, ended_at
 from fxformer.metrics import logged
@@ -57,7 +58,7 @@ def test_gs_workdir_reaches_every_writer_and_reader_as_a_url(fake_gcs, monkeypat
     monkeypatch.chdir(tmp_path)  # a stray local "gs:" folder would appear here
     run = paths.Workdir("gs://bucket/runs/tiny")
     train.train_and_evaluate(config, run, log=lambda *a, **k: None)
-    results = evaluate.evaluate(run, split="test", limit=8, average_last=2, log=lambda *a: None)
+    results = fxformer.load(run, average_last=2).evaluate("test", limit=8)
 
     assert fake_gcs == [
         "gs://bucket/runs/tiny/checkpoints",

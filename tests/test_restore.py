@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from fxformer import checkpoint, configfile, inference, inferflags, parallel, paths, trainstate
+import fxformer
+from fxformer import checkpoint, configfile, inferflags, parallel, paths, trainstate
 from fxformer.config import load_workdir_config
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
@@ -65,11 +66,11 @@ def test_the_checkpoint_choice_is_refused_in_one_sentence_before_any_restore(tmp
             inferflags.checkpoint_choice(flag)
     nowhere = tmp_path / "nowhere"  # refused before the workdir is read
     with pytest.raises(UserError, match="average_last must be positive"):
-        inference.restore(paths.Workdir(nowhere), average_last=0)
+        fxformer.load(paths.Workdir(nowhere), average_last=0)
     with pytest.raises(UserError, match="keeps one checkpoint: the best is not averaged"):
-        inference.restore(paths.Workdir(nowhere), "best", average_last=2)
+        fxformer.load(paths.Workdir(nowhere), "best", average_last=2)
     with pytest.raises(UserError, match="'latest', 'best' or a step number, not 'last'"):
-        inference.restore(paths.Workdir(nowhere), "last")
+        fxformer.load(paths.Workdir(nowhere), "last")
 
 
 @pytest.mark.slow  # restores a trained run in-process
@@ -98,14 +99,14 @@ def test_restore_holds_the_parameters_of_the_full_state_and_nothing_else(eight_d
         (20, 2): ([10, 20], mean),  # read from W/averaged/last2/20
     }
     for (step, k), (steps, expected) in cases.items():
-        run = inference.restore(paths.Workdir(workdir), step, k, log=quiet)
+        run = fxformer.load(paths.Workdir(workdir), step, k, log=quiet)
         assert run.steps == steps, (step, k)
         assert jax.tree.structure(run.params) == jax.tree.structure(init), (step, k)  # no optimizer state
         for got, want in zip(leaves(run.params), expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=str((step, k)))
     assert (workdir / "averaged" / "last2" / "20").exists()
     shutil.rmtree(workdir / "averaged")
-    run = inference.restore(paths.Workdir(workdir), average_last=2, log=quiet, keep_average=False)  # as attention's
+    run = fxformer.load(paths.Workdir(workdir), average_last=2, log=quiet, keep_average=False)  # as attention's
     assert run.steps == [10, 20] and not (workdir / "averaged").exists()
     with pytest.raises(UserError, match="No checkpoint at step 15 in"):
-        inference.restore(paths.Workdir(workdir), 15, log=quiet)
+        fxformer.load(paths.Workdir(workdir), 15, log=quiet)
