@@ -228,8 +228,7 @@ def start(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: 
     )
     batches = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch, rows)
     dev = inference.DevEvaluation.of(config, model, mesh, (builder, tokenizer, ids), log=log)
-    init = functools.partial(trainstate.create_state, model, tx, config.seed)
-    fresh = jax.jit(init, out_shardings=parallel.replicated(mesh))  # the state where no checkpoint is
+    fresh = trainstate.fresh_state(model, tx, config.seed, parallel.replicated(mesh))  # where no checkpoint is
     manager, state, start_step = lifecycle.restore_or_start(config, workdir, abstract_state, batches, fresh, log=log)
     stop.training()
     info = lifecycle.describe(

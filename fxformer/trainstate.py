@@ -27,11 +27,21 @@ class TrainState:
     rng: jax.Array
 
 
-def create_state(model: Transformer, tx: optax.GradientTransformation, seed: int) -> TrainState:
+def create_state(model: Transformer, tx: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
     """Xavier-initialised parameters and fresh Adam moments."""
     init_key, dropout_key = jax.random.split(jax.random.key(seed))
     params = init_params(model, init_key)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_key)
+
+
+def fresh_state(model: Transformer, tx: optax.GradientTransformation, seed: int, sharding):
+    """`create_state` jitted, as a function of nothing. A seed from 0 to 2**31 - 1 is an argument of
+    the compiled program (the same key as the constant), so that every seed of a sweep row shares
+    one program and its compilation cache entry; another is compiled in as a constant."""
+    if 0 <= seed < 2**31:
+        init = jax.jit(functools.partial(create_state, model, tx), out_shardings=sharding)
+        return functools.partial(init, jnp.asarray(seed, jnp.int32))
+    return jax.jit(functools.partial(create_state, model, tx, seed), out_shardings=sharding)
 
 
 def model_of(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
