@@ -13,6 +13,7 @@ import functools
 import gzip
 import importlib
 import json
+import math
 import re
 import subprocess
 import sys
@@ -218,10 +219,14 @@ def problems(pages: list[Path], root: Path = REPO, link_pages: list[Path] = ()) 
             if not re.search(r"[<*]", path) and not (root / path).exists():
                 found.append(f"{page.relative_to(root)}: `{path}` does not exist")
         modules = {
-            p.name for folder in ("fxformer", "configs", "experiments", "tests") for p in (root / folder).rglob("*.py")
+            p.name
+            for folder in ("fxformer", "configs", "experiments", "benchmarks", "tests")
+            for p in (root / folder).rglob("*.py")
         }
         for name in sorted({name for snippet in code for name in MODULE_FILE.findall(snippet)} - modules):
-            found.append(f"{page.relative_to(root)}: no {name} in fxformer/, configs/, experiments/ or tests/")
+            found.append(
+                f"{page.relative_to(root)}: no {name} in fxformer/, configs/, experiments/, benchmarks/ or tests/"
+            )
     load_help({(module, verb) for _, cmds in per_page for module, verb, _ in cmds})  # one process for all
     for page, cmds in per_page:
         for module, verb, flags in cmds:
@@ -682,3 +687,104 @@ def test_the_learning_rate_split_docs_table3_shows_is_the_generated_one():
     section = page[page.index("#### The learning rate's share") :]
     rows = [line for line in split.splitlines() if line.startswith(("| row |", "| C5 |", "| D2 |"))]
     assert len(rows) == 3 and all(section.count(row + "\n") == 1 for row in rows), "copy lr2/split.md's table"
+
+
+def test_the_readme_is_at_most_200_lines_and_1600_words_and_its_map_names_what_newcomers_look_for():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200 and len(text.split()) <= 1600, (len(text.splitlines()), len(text.split()))
+    block = text.split("## The repository", 1)[1].split("```", 2)[1]
+    named = {line.split()[0] for line in block.splitlines() if line.strip()}
+    assert {"api.py", "kernels/", "analysis/", "scripts/", "benchmarks/gpu/"} <= named, sorted(named)
+
+
+HEADS = {"A1": 1, "A2": 4, "A3": 16, "A4": 32}  # the head rows, with base's eight
+
+
+def relative(estimate: float) -> str:
+    """A log-scale estimate as the pages print a change: '+4.6%'."""
+    return f"{100 * math.expm1(estimate):+.1f}%"
+
+
+def referee_paragraph() -> str:
+    section = regime_section()
+    return section[section.index("**What a referee asks first.**") :].split("\n\n", 1)[0]
+
+
+def test_the_head_rows_are_stated_with_their_d_k_and_changes_from_analysis_json():
+    """The d_k confound: each head row's d_k (d_model / h, from the regime table's config) and its change
+    against base (analysis.json at the named commit), in the order of d_k, with base's 0 among them."""
+    text = " ".join(referee_paragraph().split())
+    rows = {r["row"]: r for r in analysis_of(MOVING)["rows"]}
+    d_model = 64
+    order = sorted([*HEADS, "base"], key=lambda row: -d_model // HEADS.get(row, 8))
+    d_k = ", ".join(str(d_model // HEADS.get(row, 8)) for row in order[:-1]) + f" and {d_model // HEADS[order[-1]]}"
+    heads = ", ".join(str(HEADS.get(row, 8)) for row in order[:-1]) + f" and {HEADS[order[-1]]}"
+    assert f"d_k = d_model/h is {d_k} for h = {heads}" in text
+    changes = [relative(rows[row]["estimate"]) if row != "base" else "0" for row in order]
+    assert f"{', '.join(changes[:-1])} and {changes[-1]} against base" in text, changes
+    for row in ("B1", "B2"):
+        assert relative(rows[row]["estimate"]) in text
+    readme = " ".join(readme_regime_summary().split())
+    assert "one head of d_k 64 and four of d_k 16 beat base's eight of d_k 8, sixteen of d_k 4 worse" in readme
+
+
+def base_seeds(records: bytes, seeds=(0, 1, 2)) -> tuple[float, float]:
+    """(geometric mean dev perplexity, mean test BLEU) of base's `seeds` in a records.jsonl.gz."""
+    evals = finished_records(records)
+    found = [evals[("base", seed)] for seed in seeds]
+    ppl = math.exp(sum(math.log(e["validation"]["ppl"]) for e in found) / len(found))
+    return ppl, sum(e["test"]["bleu"] for e in found) / len(found)
+
+
+def test_the_learning_rate_finding_is_base_at_both_rates_on_the_same_three_seeds():
+    runs, commit = regime_snapshot()
+    arms = {}
+    for arm, path in (("paper", "records.jsonl.gz"), ("twice", "lr2/records.jsonl.gz")):
+        name = f"experiments/results/{MOVING}/{path}"
+        data = git("show", f"{commit}:{name}", text=False) or (REPO / name).read_bytes()
+        arms[arm] = base_seeds(data)
+    (ppl1, bleu1), (ppl2, bleu2) = arms["paper"], arms["twice"]
+    text = " ".join(referee_paragraph().split())
+    assert f"dev perplexity {ppl2:.2f} instead of {ppl1:.2f} ({relative(math.log(ppl2 / ppl1))})" in text
+    assert f"test BLEU {bleu2:.2f} instead of {bleu1:.2f}, on the same three seeds (0-2)" in text
+    lr2 = {r["row"]: r["verdict"] for r in json.loads(generated(f"{MOVING}/lr2", "analysis.json"))["rows"]}
+    main = {r["row"]: r["verdict"] for r in analysis_of(MOVING)["rows"]}
+    assert sorted(row for row, verdict in lr2.items() if verdict) == ["C5", "D2"]
+    assert all(lr2[row] == main[row] for row in ("C5", "D2")) and f"({main['C5']}, {main['D2']})" in text
+    readme = " ".join(readme_regime_summary().split())
+    assert f"twice the learning rate is {-round(100 * (ppl2 / ppl1 - 1))}% better" in readme
+
+
+def test_label_changes_are_set_apart_from_the_interactions_regime_md_prints():
+    """The rows whose verdict label moved but whose interaction's interval includes 0 (E, C2), and A3,
+    are named with regime.md's interaction and p; the section no longer says the regime 'explains'."""
+    printed = regime_rows()  # row -> [Δ first, verdict, Δ second, verdict, interaction, p, ...]
+    section = " ".join(regime_section().split())
+    not_significant = []
+    for row, cells in printed.items():
+        if not cells[4]:
+            continue
+        low, high = (float(x.rstrip("%]")) for x in cells[4].split("[")[1].split(", "))
+        if low <= 0 <= high:
+            not_significant.append(row)
+            assert f"{row} ({cells[4]}" in section, (row, cells[4])
+            moved = cells[1] != cells[3]
+            assert moved == (row in ("E", "C2")), (row, cells[1], cells[3])
+    assert sorted(not_significant) == ["A3", "C2", "E"]
+    assert "What the regime explains" not in section and "**What changed between the two tables.**" in section
+    readme = " ".join(readme_regime_summary().split())
+    assert "the interaction test finds E's and C2's changes not significant" in readme
+
+
+def test_the_convergence_readout_is_labelled_by_the_step_it_starts_from():
+    """'the last 20%' is measured from the last dev evaluation at or before 80% of the steps: the regime
+    section names that step and the share it covers."""
+    name = f"experiments/results/{MOVING}/records.jsonl.gz"
+    records = [json.loads(line) for line in gzip.decompress((REPO / name).read_bytes()).splitlines()[1:]]
+    base = next(r for r in records if r["row"] == "base" and r["state"] == "finished")
+    total = base["step"]
+    evals = [p["step"] for p in base["curve"] if "dev_ppl" in p or "dev_loss" in p]
+    start = max(step for step in evals if step <= 0.8 * total)
+    section = " ".join(regime_section().split())
+    assert f"step {start:,} of {total:,}, the last {100 * (total - start) / total:.1f}%" in section
+    assert "over the last 20% of the steps" not in section

@@ -222,3 +222,55 @@ def test_run_row_acts_on_each_outcome_of_a_launch(case, tmp_path):
         assert status["attempts"] == 1 and status["config"] == runs.wanted[rep.name] and status["token"] is None
     if case == "finished":
         assert ctx.read(rep).state() == RowStatus.FINISHED
+
+
+# ---------------------------------------------------------------------------------------------
+# No JAX under experiments/: it runs on a login node
+
+
+def experiments_modules() -> list[str]:
+    """Every module under experiments/ (its results hold no code), by import name."""
+    return sorted(module_name(p) for p in (REPO / "experiments").rglob("*.py") if "results" not in p.parts)
+
+
+def jax_imports(path: Path) -> list[str]:
+    """`path:line` of every import of jax or jaxlib (or a submodule) in `path`, at any depth of the code."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        if any(n.split(".")[0] in ("jax", "jaxlib") for n in names):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_no_module_under_experiments_imports_jax():
+    """Read (an import inside a function counts) and run (every module imported in one fresh process,
+    what each imports in turn included): neither finds JAX."""
+    found = [hit for p in sorted((REPO / "experiments").rglob("*.py")) for hit in jax_imports(p)]
+    assert not found, f"JAX imported under experiments/ (the GPU programs live in benchmarks/): {found}"
+    modules = experiments_modules()
+    assert "experiments.runner" in modules and "experiments.analysis.stats" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    assert 'jax' not in sys.modules and 'jaxlib' not in sys.modules, name\n"
+        "print(len(sys.modules))\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_jax_check_sees_an_import_inside_a_function(tmp_path):
+    (tmp_path / "m.py").write_text("import os\n\ndef f():\n    from jax import numpy\n    import jaxlib.xla\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        assert jax_imports(tmp_path / "m.py") == ["m.py:4", "m.py:5"]
+    finally:
+        REPO = saved

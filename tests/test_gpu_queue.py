@@ -1,4 +1,4 @@
-"""The GPU run queue (experiments/gpu/queue.py) rehearsed on the CPU: the same script and items
+"""The GPU run queue (benchmarks/gpu/queue.py) rehearsed on the CPU: the same script and items
 at tiny shapes, writing the records the GPU call would (queue.jsonl, junit XML, step-time
 quartiles, the noise floor, each option's saving, the profile's table), a second call finding
 everything finished, a stopped item run again, and a missing package refused before anything runs."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.gpu import queue
+from benchmarks.gpu import queue
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 def rehearse(out: Path, limit_s: float = 1200) -> subprocess.CompletedProcess:
     """One call of the queue, its limit far above the rehearsal's length (about 100 s on two free cores)
     so that a slow or loaded machine runs every item; the limit's own rule is tested with a limit below any item's."""
-    command = [sys.executable, "-m", "experiments.gpu.queue", "--cpu", f"--out={out}", f"--limit_s={limit_s}"]
+    command = [sys.executable, "-m", "benchmarks.gpu.queue", "--cpu", f"--out={out}", f"--limit_s={limit_s}"]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=limit_s + 300)
 
 

@@ -1,6 +1,6 @@
 """What-if measurements on a GPU: `fxformer.bench` with one part of the step changed.
 
-    python3 -m experiments.gpu.diag VARIANT [bench arguments...]
+    python3 -m benchmarks.gpu.diag VARIANT [bench arguments...]
 
 Diagnostics, not options: a variant that drops the mask trains a different model; it bounds
 what a change of that part could gain, so the next change is chosen by measurement.
@@ -11,7 +11,7 @@ what a change of that part could gain, so the next change is chosen by measureme
   kernel that knew the segments and skipped what they hide would be at most this;
 - `one_pass_loss`: the loss's sums from one pass over the logits (`optim.one_pass_cross_entropy_sums`,
   the same loss and gradients: tests/test_train.py) instead of one reduction per quantity; now
-  also the named option `--config.model.loss_impl=one_pass` (what experiments/gpu/run.sh measures).
+  also the named option `--config.model.loss_impl=one_pass` (what benchmarks/gpu/run.sh measures).
 """
 
 import sys

@@ -9,11 +9,11 @@
 # and what the profile's 66 runs would take at that pace (63 runs of 5,300 steps and big's 3 of 15,900,
 # all at base's pace: a lower bound for big).
 #
-# On the device machine, from the repository root, carrying .whl (experiments/gpu/wheels.txt) and
+# On the device machine, from the repository root, carrying .whl (benchmarks/gpu/wheels.txt) and
 # .m30k (Multi30k's data/task1/raw/*.gz, as in docs/data.md):
-#   LIMIT=540 bash experiments/gpu/regime-size.sh
+#   LIMIT=540 bash benchmarks/gpu/regime-size.sh
 # Rehearsal on a CPU (nothing installed; two cores):
-#   CPU=1 STEPS=20 PARALLEL="1 2" OUT=/tmp/size M30K=/tmp/m30k bash experiments/gpu/regime-size.sh
+#   CPU=1 STEPS=20 PARALLEL="1 2" OUT=/tmp/size M30K=/tmp/m30k bash benchmarks/gpu/regime-size.sh
 # Environment: LIMIT (s), STEPS, PARALLEL, M30K (the Multi30k folder, default .m30k).
 LIMIT=${LIMIT:-540} STEPS=${STEPS:-500} PARALLEL=${PARALLEL:-1 4 8 16}
 export OUT=${OUT:-experiments/results/gpu/regime-size-$(date -u +%F)}
@@ -23,7 +23,7 @@ if [ -n "$CPU" ]; then
 else
   export PY=python3
 fi
-source experiments/gpu/lib.sh  # installs the wheels (not with SKIP_INSTALL), prints the machine
+source benchmarks/gpu/lib.sh  # installs the wheels (not with SKIP_INSTALL), prints the machine
 M30K=$(cd "${M30K:-.m30k}" && pwd) || { echo "no Multi30k folder: put data/task1/raw/*.gz under .m30k (docs/data.md)"; exit 1; }
 PROFILE=multi30k-full:$M30K
 elapsed() { echo $(( $(date +%s) - start )); }

@@ -1,6 +1,6 @@
 """The Flax WMT example's training step beside fxformer's, on the same device, batch and dtype.
 
-    python3 -m experiments.gpu.peer --flax_wmt=.peer --config=configs/base.py --dtype=bfloat16 --batch=packed
+    python3 -m benchmarks.gpu.peer --flax_wmt=.peer --config=configs/base.py --dtype=bfloat16 --batch=packed
 
 `--flax_wmt` is a folder holding `models.py` of google/flax's `examples/wmt` (fetched, never
 part of this repository; 18f8f31 was read):

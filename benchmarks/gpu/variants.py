@@ -2,7 +2,7 @@
 the machine falls on all of them alike (two runs of the same step, minutes apart, once differed
 by 2 ms on an H100).
 
-    python3 -m experiments.gpu.variants --config=configs/base.py --out=bench.jsonl \\
+    python3 -m benchmarks.gpu.variants --config=configs/base.py --out=bench.jsonl \\
         base:packed one_pass:packed:loss_impl=one_pass pallas:packed:segment_attention=pallas ...
 
 Each variant is NAME:BATCH[:KEY=VALUE,...], BATCH `full` or `packed` (`fxformer.bench.BATCHES`),

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Sourced by the GPU scripts (h100.sh, h100-diag.sh), run from the repository root with the
-# wheels of experiments/gpu/wheels.txt in .whl/ and $OUT set to the output folder: installs the wheels
+# wheels of benchmarks/gpu/wheels.txt in .whl/ and $OUT set to the output folder: installs the wheels
 # (not with SKIP_INSTALL), prints the machine, and gives `bench` and `summary`.
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 start=$(date +%s)

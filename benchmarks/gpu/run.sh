@@ -1,22 +1,22 @@
 #!/bin/bash
-# Superseded by experiments/gpu/queue.py (a priority list within a time limit, each item recorded as it
+# Superseded by benchmarks/gpu/queue.py (a priority list within a time limit, each item recorded as it
 # finishes, its CPU rehearsal a test); kept as the script that made experiments/results/gpu/h200-2026-11-28.
 # One prepared GPU call for the packing-aware options (fxformer/kernels/; model.segment_attention,
 # dropout_bits, residual_norm, loss_impl): the base bf16 step as it is (fxformer.bench, the README's
-# command), then in one process (experiments/gpu/variants.py, timed in turns) the step on the packed
+# command), then in one process (benchmarks/gpu/variants.py, timed in turns) the step on the packed
 # batch (and, for the options without new kernels, on one sentence a row) as it is and with each
 # option, then the Flax WMT example's step beside fxformer's on the packed batch
-# (experiments/gpu/peer.py), then the GPU tests with the time left; a summary last.
+# (benchmarks/gpu/peer.py), then the GPU tests with the time left; a summary last.
 #
-# On the device machine, from the repository root, carrying .whl (experiments/gpu/wheels.txt) and
-# .peer (google/flax's examples/wmt/models.py, see experiments/gpu/peer.py):
-#   LIMIT=420 bash experiments/gpu/run.sh          (a 450 s wall-clock limit; .whl and .peer beside the checkout)
+# On the device machine, from the repository root, carrying .whl (benchmarks/gpu/wheels.txt) and
+# .peer (google/flax's examples/wmt/models.py, see benchmarks/gpu/peer.py):
+#   LIMIT=420 bash benchmarks/gpu/run.sh          (a 450 s wall-clock limit; .whl and .peer beside the checkout)
 # Records go to $OUT (the folder the machine returns; keep them in experiments/results/gpu/<date>/): bench.jsonl
 # (one line per step measured: name, then fxformer.bench's JSON, both MFUs in it), benches.log,
 # pytest.log; copy them to experiments/results/gpu/<date>/ with the commit they measured.
 # Rehearsal on a CPU (tiny shapes, float32, nothing installed, the Pallas kernel interpreted, the
 # cuDNN variants reported as failed):
-#   CPU=1 OUT=/tmp/rehearsal bash experiments/gpu/run.sh
+#   CPU=1 OUT=/tmp/rehearsal bash benchmarks/gpu/run.sh
 # Environment: LIMIT (s), VARIANTS (names, default all), SKIP_PEER, SKIP_TESTS, TESTS (pytest paths).
 [ -n "$CPU" ] && LIMIT=${LIMIT:-2400}  # a CPU shared with other work: room for slow compiles
 LIMIT=${LIMIT:-420}
@@ -31,7 +31,7 @@ if [ -n "$CPU" ]; then  # tiny shapes: the same steps and summary in a few minut
 else
   PY=python3 DTYPE=bfloat16 ATTN=cudnn STEPS=10 ROUNDS=2 CONFIG=configs/base.py SHAPES=() VSHAPES=()
 fi
-source experiments/gpu/lib.sh  # installs the wheels (not with SKIP_INSTALL), prints the machine; bench, summary
+source benchmarks/gpu/lib.sh  # installs the wheels (not with SKIP_INSTALL), prints the machine; bench, summary
 elapsed() { echo $(( $(date +%s) - start )); }
 
 # 1. base as it is: the README's command, one sentence a row (the records before these options)
@@ -60,7 +60,7 @@ KERNELS=(
   all_pallas:packed:segment_attention=pallas,loss_impl=one_pass,dropout_bits=8,residual_norm=fused
   pallas_full:full:segment_attention=pallas
 )
-variants() {  # variants NAME LATER SPEC...: one process of experiments/gpu/variants.py over the chosen
+variants() {  # variants NAME LATER SPEC...: one process of benchmarks/gpu/variants.py over the chosen
   # SPECs, leaving LATER seconds for later groups
   local group=$1 later=$2; shift 2; local chosen=()
   for v in "$@"; do
@@ -70,7 +70,7 @@ variants() {  # variants NAME LATER SPEC...: one process of experiments/gpu/vari
   # compile no new variant once the time for what follows is reached (the peer 90 s, the tests 120 s)
   local budget=$(( LIMIT - $(elapsed) - ${RESERVE:-210} - later ))
   echo "=== $group: ${#chosen[@]} steps ($(elapsed) s, compiling for at most ${budget} s)"
-  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 150 )) $PY -m experiments.gpu.variants --config=$CONFIG \
+  (echo "=== $group: ${chosen[*]}"; timeout $(( budget + 150 )) $PY -m benchmarks.gpu.variants --config=$CONFIG \
     --set model.dtype=$DTYPE --set model.attention_impl=$ATTN "${VSHAPES[@]}" --steps=$STEPS --rounds=$ROUNDS \
     --budget_s=$budget --out=$OUT/bench.jsonl "${chosen[@]}" 2>&1) > /tmp/$group.log
   cat /tmp/$group.log >> $OUT/benches.log
@@ -82,7 +82,7 @@ variants kernels 0 "${KERNELS[@]}"
 # 3. the peer: the Flax WMT example's step and fxformer's, same process, packed batch
 if [ -z "$SKIP_PEER" ]; then
   PEERSET=(); for s in "${VSHAPES[@]}"; do [ "$s" != "--set" ] && PEERSET+=(--set "$s"); done
-  BENCH_TIMEOUT=${PEER_TIMEOUT:-150} bench peer "X=1" $PY -m experiments.gpu.peer --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
+  BENCH_TIMEOUT=${PEER_TIMEOUT:-150} bench peer "X=1" $PY -m benchmarks.gpu.peer --flax_wmt=.peer --config=$CONFIG --dtype=$DTYPE \
     --batch=packed --steps=$STEPS --rounds=$ROUNDS --json --set model.attention_impl=$ATTN "${PEERSET[@]}"
 fi
 [ -s $OUT/bench.jsonl ] && summary

@@ -1,15 +1,15 @@
 #!/bin/bash
 # One GPU run on an H100: the base bfloat16 step at this commit
-# beside what-if variants (experiments/gpu/diag.py, config flags, XLA flags), one process after
+# beside what-if variants (benchmarks/gpu/diag.py, config flags, XLA flags), one process after
 # another; then the whole test suite on the GPU with the time left. Run from the repository root
-# with the wheels of experiments/gpu/wheels.txt in .whl/. Output: $OUT/bench.jsonl, benches.log, pytest.log.
+# with the wheels of benchmarks/gpu/wheels.txt in .whl/. Output: $OUT/bench.jsonl, benches.log, pytest.log.
 # Environment: LIMIT (s), STEPS, BENCHES (names, default all), TESTS (pytest paths), SKIP_INSTALL,
 # SKIP_BENCHES, SKIP_TESTS. Both in one run of about 8 minutes:
-#   BENCHES="head one_pass_loss head_again" LIMIT=480 bash experiments/gpu/h100-diag.sh   (the wheels in .whl/)
+#   BENCHES="head one_pass_loss head_again" LIMIT=480 bash benchmarks/gpu/h100-diag.sh   (the wheels in .whl/)
 LIMIT=${LIMIT:-570} BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
-source experiments/gpu/lib.sh
+source benchmarks/gpu/lib.sh
 BASE="--config=configs/base.py --config.model.dtype=bfloat16 --config.model.attention_impl=cudnn --steps=${STEPS:-20} --decode_batch=0 --json"
-B="python3 -m fxformer.bench"; D="python3 -m experiments.gpu.diag"
+B="python3 -m fxformer.bench"; D="python3 -m benchmarks.gpu.diag"
 ALL="head mask_heads_1 no_mask one_pass_loss no_dropout triton_gemm_off batch_2x head_again"
 [ -n "$SKIP_BENCHES" ] && BENCHES=""  # SKIP_BENCHES=1: the tests alone, with the whole call's time
 for name in ${BENCHES-$ALL}; do  # BENCHES="head one_pass_loss head_again": those alone, in that order

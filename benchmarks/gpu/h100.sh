@@ -2,7 +2,7 @@
 # One GPU run: profile of the base bfloat16 step, bench variants side by side
 # (the same machine, one after another), big, the newstest2014-sized decode, the GPU tests.
 # Run from the repository root with the wheels in .whl/ and the previous commit's fxformer in .old/.
-source experiments/gpu/lib.sh
+source benchmarks/gpu/lib.sh
 BASE=${BASE:-"--config=configs/base.py --config.model.dtype=bfloat16"}
 BIG=${BIG:-"--config=configs/big.py --config.model.dtype=bfloat16"}
 STEPS=${STEPS:-20} DECODE=${DECODE:-3003}

@@ -2,25 +2,25 @@
 recorded as it finishes, so that a call cut short by its limit leaves every finished item's
 records and the next call (the same command) goes on from the first undone one.
 
-    python3 -m experiments.gpu.queue --out=experiments/results/gpu/h200-2026-12-02 --limit_s=480
-    python3 -m experiments.gpu.queue --cpu --out=/tmp/rehearsal --limit_s=110   # the CPU rehearsal
+    python3 -m benchmarks.gpu.queue --out=experiments/results/gpu/h200-2026-12-02 --limit_s=480
+    python3 -m benchmarks.gpu.queue --cpu --out=/tmp/rehearsal --limit_s=110   # the CPU rehearsal
 
 The items, in order (`ITEMS`):
   1. tests: the kernels' tests and the model's (its GPU-only ones among them), `--junitxml`, each
      failure named in junit-tests.xml and tests.log;
   2. noise: the packed base step compiled three times in one process and timed in turns
-     (experiments/gpu/variants.py): the spread of their medians is the noise floor;
+     (benchmarks/gpu/variants.py): the spread of their medians is the noise floor;
   3. options: each kernel option and residual_norm=fused against the step as it is, in one
      process; each saving set against the noise floor;
   4. profile: `fxformer.profile` of the best configuration so far (per-operation table in
      profile.txt and profile/profile.json; the trace and HLO are not kept);
-  5. peer: the Flax WMT example's step beside fxformer's (experiments/gpu/peer.py; needs .peer/);
+  5. peer: the Flax WMT example's step beside fxformer's (benchmarks/gpu/peer.py; needs .peer/);
   6. later: the best configuration beside smaller key tiles in the segment kernel (32, 16), the
      vocabulary padded to a multiple of 128, merged Q/K/V projections and one flat optimizer
      update, in one process.
 
 Before anything runs, the packages fxformer and the items import are checked (and installed from
-.whl/, experiments/gpu/wheels.txt, where it is there); a missing one is refused in one sentence.
+.whl/, benchmarks/gpu/wheels.txt, where it is there); a missing one is refused in one sentence.
 `--out` gets queue.jsonl (one line per finished item: its state, exit status, wall time, the
 commit, and for noise and options the step-time quartiles and savings), environment.json (the
 commit, packages and device), and each item's log and records. An item starts only where its
@@ -47,7 +47,7 @@ NEEDED = (  # what fxformer and the items import (xdist: the tests item's worker
     *("pytest", "xdist"),
 )
 BEST = "segment_attention=pallas,dropout_bits=8,residual_norm=fused,loss_impl=one_pass"  # 27.2% on an H200
-OPTIONS = (  # NAME:BATCH:OPTIONS for experiments/gpu/variants.py, the step as it is first
+OPTIONS = (  # NAME:BATCH:OPTIONS for benchmarks/gpu/variants.py, the step as it is first
     "base:packed",
     "fused_norm:packed:residual_norm=fused",
     "pallas_norm:packed:residual_norm=pallas",
@@ -98,7 +98,7 @@ def variants_command(setting: dict, out: Path, specs, name: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "experiments.gpu.variants",
+        "benchmarks.gpu.variants",
         f"--config={setting['config']}",
         *[a for s in sets for a in ("--set", s)],
         f"--steps={setting['steps']}",
@@ -149,7 +149,7 @@ def peer_command(setting: dict, out: Path) -> list[str] | None:
     return [
         sys.executable,
         "-m",
-        "experiments.gpu.peer",
+        "benchmarks.gpu.peer",
         "--flax_wmt=.peer",
         f"--config={setting['config']}",
         f"--dtype={setting['dtype']}",
@@ -238,7 +238,7 @@ def environment(env: dict) -> dict:
     """The device and packages the items will see (a child process with their environment), and the commit."""
     child = subprocess.run([sys.executable, "-c", ENVIRONMENT], cwd=REPO, env=env, capture_output=True, text=True)
     if child.returncode != 0:
-        raise SystemExit(f"experiments.gpu.queue: jax did not start: {child.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(f"benchmarks.gpu.queue: jax did not start: {child.stderr.strip().splitlines()[-1:]}")
     return {"commit": commit(), **json.loads(child.stdout.strip().splitlines()[-1])}
 
 
@@ -292,7 +292,7 @@ def done_items(out: Path) -> dict[str, dict]:
 def run_item(name: str, command: list[str] | None, left: float, out: Path, env: dict, head: str) -> dict:
     record = {"item": name, "commit": head, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if command is None:
-        return {**record, "state": "cannot run here", "why": "no .peer/models.py (experiments/gpu/peer.py says how)"}
+        return {**record, "state": "cannot run here", "why": "no .peer/models.py (benchmarks/gpu/peer.py says how)"}
     began = time.time()
     with open(out / f"{name}.log", "w") as log:
         log.write("+ " + " ".join(command) + "\n")
@@ -321,7 +321,7 @@ def keep_profile(out: Path, log_path: Path) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m experiments.gpu.queue",
+        prog="python -m benchmarks.gpu.queue",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -344,14 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     missing = install_wheels(env)
     if missing:
         print(
-            f"experiments.gpu.queue: {', '.join(missing)} missing: pip install -r requirements.txt, "
-            "or put the wheels of experiments/gpu/wheels.txt in .whl/.",
+            f"benchmarks.gpu.queue: {', '.join(missing)} missing: pip install -r requirements.txt, "
+            "or put the wheels of benchmarks/gpu/wheels.txt in .whl/.",
             file=sys.stderr,
         )
         return 2
     facts = environment(env)
     if not args.cpu and facts["backend"] != "gpu":
-        print(f"experiments.gpu.queue: jax sees no GPU (backend {facts['backend']}): --cpu rehearses.", file=sys.stderr)
+        print(f"benchmarks.gpu.queue: jax sees no GPU (backend {facts['backend']}): --cpu rehearses.", file=sys.stderr)
         return 2
     (out / "environment.json").write_text(json.dumps(facts, indent=1) + "\n")
     done = done_items(out)
