@@ -156,6 +156,9 @@ TINY = {
     "data.tokens_per_batch": 512,
     "data.eval_batch_size": 40,
     "warmup_steps": 20,
+    # a barely trained model searches to its length limit: source + 10 tokens (the default 50 would
+    # double every test's decoding, and no test of the commands needs the longer limit)
+    "decode.max_extra": 10,
     "log_every_steps": 1,
     "eval_every_steps": 1000,
     "checkpoint_every_steps": 1000,
