@@ -38,11 +38,6 @@ def translations(
     return hyp, ref
 
 
-def name_of(workdir: paths.Workdir) -> str:
-    """A system's name: its workdir's last part (`runs/big` -> big)."""
-    return str(workdir.root).rstrip("/").rsplit("/", 1)[-1]
-
-
 def from_workdirs(args, log) -> tuple[dict, paths.PathLike]:
     """The report on the runs of `--workdir` (baseline first), and where it is written."""
     workdirs = [cli.workdir(w) for w in args.workdir]
@@ -56,7 +51,7 @@ def from_workdirs(args, log) -> tuple[dict, paths.PathLike]:
                 "compare runs of one data set."
             )
         references = ref
-        systems.append((name_of(workdir), hyp))
+        systems.append((workdir.root.name, hyp))  # runs/big -> big
     names = "-".join(re.sub(r"[^\w.-]", "_", name) for name, _ in systems)
     out = args.out or workdirs[0].eval / f"compare-{args.split}-{names}.json"
     return significance.compare(systems, references), out
@@ -64,8 +59,12 @@ def from_workdirs(args, log) -> tuple[dict, paths.PathLike]:
 
 def from_files(args) -> dict:
     """The report on the translation files given, against `--references`."""
-    read = lambda name: paths.split_lines(cli.read_flag_file("references", name), name)  # noqa: E731
-    return significance.compare([(name, read(name)) for name in args.systems], read(args.references))
+
+    def read(flag: str, name: str) -> list[str]:
+        return paths.split_lines(cli.read_flag_file(flag, name), name)
+
+    systems = [(name, read("systems", name)) for name in args.systems]
+    return significance.compare(systems, read("references", args.references))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    args, _ = cli.parse(parser())  # the compilation cache too, for a run evaluated now
     if bool(args.workdir) == bool(args.references):
         raise UserError(
             "Give the runs (--workdir=A --workdir=B) or the files (--references=REF A.txt B.txt), not both."

@@ -87,7 +87,7 @@ def main() -> None:
         for split in splits:
             corpora.data_source(builder, split)
     for split in splits:
-        r = evaluation.evaluate(run.restored, workdir, split, args.step, args.limit, say, report)
+        r = run.evaluate(split, args.limit, log=say, report=report)
         say(
             f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
             f"{r.get('path', workdir)}",

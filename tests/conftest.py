@@ -26,10 +26,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 from fxformer import compilecache  # noqa: E402  (imports no JAX)
 
 TESTS_CACHE_MOST = 1 << 30
-_cache = compilecache.enable()  # before JAX is imported: as environment variables, which the commands inherit
-if "PYTEST_XDIST_WORKER" not in os.environ and "jax_compilation_cache_dir" in _cache:  # pytest itself, once
-    if compilecache.size(_cache["jax_compilation_cache_dir"])[1] > TESTS_CACHE_MOST:
-        shutil.rmtree(_cache["jax_compilation_cache_dir"], ignore_errors=True)
+_folder = compilecache.default_folder()
+if "PYTEST_XDIST_WORKER" not in os.environ and _folder != compilecache.OFF:  # pytest itself, once
+    if os.path.isdir(_folder) and compilecache.size(_folder)[1] > TESTS_CACHE_MOST:
+        shutil.rmtree(_folder, ignore_errors=True)
+compilecache.enable()  # before JAX is imported: as environment variables, which the commands inherit
 
 import fsspec  # noqa: E402
 import jax  # noqa: E402
