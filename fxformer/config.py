@@ -353,6 +353,9 @@ def _check_data(config: ml_collections.ConfigDict, processes: int) -> None:
         raise UserError(f"data.num_shards={data.num_shards} must be a multiple of the {processes} processes.")
 
 
+ACTIVATIONS = ("relu", "swish", "gelu")  # model.activation: the feed-forward's nonlinearity
+
+
 def _check_model(model: ml_collections.ConfigDict, backend: str | None) -> None:
     """The model section: what the Transformer can be built with (and run on `backend`)."""
     d_k, d_v = head_widths(model)
@@ -376,6 +379,12 @@ def _check_model(model: ml_collections.ConfigDict, backend: str | None) -> None:
         problems.append(f"model.attention_impl must be 'xla', 'cudnn' or 'auto', not {model.attention_impl!r}")
     if model.d_model % 2:
         problems.append(f"model.d_model must be even (sinusoids come in sin/cos pairs), not {model.d_model}")
+    if model.activation not in ACTIVATIONS:
+        problems.append(f"model.activation must be one of {', '.join(ACTIVATIONS)}, not {model.activation!r}")
+    if model.sinusoid_layout not in ("interleaved", "halves"):
+        problems.append(f"model.sinusoid_layout must be 'interleaved' or 'halves', not {model.sinusoid_layout!r}")
+    if not 0 < model.layer_norm_epsilon < 1:
+        problems.append(f"model.layer_norm_epsilon must be in (0, 1), not {model.layer_norm_epsilon}")
     if model.dtype not in ("float32", "bfloat16"):
         problems.append(f"model.dtype must be 'float32' or 'bfloat16', not {model.dtype!r}")
     if problems:

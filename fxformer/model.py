@@ -13,6 +13,7 @@ what it needs from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -55,6 +56,11 @@ class TransformerConfig:
     max_len: int = 512  # size of the positional table
     norm: str = "post"  # "post": LayerNorm(x + Dropout(f(x))); "pre": x + Dropout(f(LayerNorm(x)))
     attention_bias: bool = False  # departure when True: biases on the Q, K, V and output projections
+    activation: str = "relu"  # departure: "swish" (SiLU) or "gelu" (erf) in the feed-forward network
+    sinusoid_layout: str = "interleaved"  # departure: "halves", the sines in the first d_model/2 features
+    layer_norm_epsilon: float = 1e-6  # every LayerNorm's eps
+    output_bias: bool = False  # departure when True: a bias on the vocabulary logits
+    scale_embedding: bool = True  # the embeddings times sqrt(d_model) (3.4); False: departure
     dtype: Any = jnp.float32  # compute dtype; parameters stay float32
     # "xla": hand-written, the reference (every query-key product is computed, masked ones included);
     # "cudnn": jax.nn.dot_product_attention's fused kernel, given what `fused_mask_arguments` gives it
@@ -87,6 +93,7 @@ class TransformerConfig:
         assert all(0 <= rate < 1 for rate in rates), f"rates must be in [0, 1): {self}"
         assert self.positional in ("sinusoidal", "learned") and self.norm in ("post", "pre"), self
         assert self.attention_impl in ("xla", "cudnn"), self
+        assert self.activation in ACTIVATIONS and self.sinusoid_layout in ("interleaved", "halves"), self
         problem = option_problem(self)
         assert problem is None, problem
 
@@ -135,6 +142,10 @@ def option_problem(c) -> str | None:
         return "model.residual_norm=pallas is post-norm's LayerNorm(x + Dropout(y)): it needs model.norm=post"
     if c.loss_impl not in LOSS_IMPLS:
         return f"model.loss_impl must be one of {', '.join(LOSS_IMPLS)}, not {c.loss_impl!r}"
+    if c.loss_impl == "fused" and c.output_bias:
+        return (
+            "model.loss_impl=fused projects with the embedding alone: model.output_bias=true needs loss_impl one_pass"
+        )
     return None
 
 
@@ -200,7 +211,8 @@ def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
 
 
 class SharedEmbedding(nn.Module):
-    """One matrix for source embedding, target embedding and pre-softmax projection (3.4)."""
+    """One matrix for source embedding, target embedding and pre-softmax projection (3.4), and
+    with `output_bias` a bias [vocab] on the logits (a departure: Marian's `final_logits_bias`)."""
 
     config: TransformerConfig
 
@@ -209,34 +221,40 @@ class SharedEmbedding(nn.Module):
         # Normal(0, d_model^-1/2): after the sqrt(d_model) scale the embeddings have unit variance.
         init = nn.initializers.normal(stddev=c.d_model**-0.5)
         self.embedding = self.param("embedding", init, (c.vocab_size, c.d_model), jnp.float32)
+        self.bias = self.param("output_bias", nn.initializers.zeros_init(), (c.vocab_size,)) if c.output_bias else None
 
     def __call__(self, tokens: Array) -> Array:
-        """Token ids [b, l] -> embeddings [b, l, d_model], multiplied by sqrt(d_model)."""
+        """Token ids [b, l] -> embeddings [b, l, d_model], multiplied by sqrt(d_model) (`scale_embedding`)."""
         c = self.config
         x = jnp.take(self.embedding, tokens, axis=0).astype(c.dtype)
-        return x * jnp.asarray(math.sqrt(c.d_model), c.dtype)
+        return x * jnp.asarray(math.sqrt(c.d_model), c.dtype) if c.scale_embedding else x
 
     def logits(self, x: Array) -> Array:
         """Decoder output [b, l, d_model] -> vocabulary logits [b, l, vocab], in the compute dtype."""
-        return vocabulary_logits(x, self.embedding, self.config.dtype)
+        return vocabulary_logits(x, self.embedding, self.config.dtype, self.bias)
 
 
-def vocabulary_logits(x: Array, embedding: Array, dtype) -> Array:
+def vocabulary_logits(x: Array, embedding: Array, dtype, bias: Array | None = None) -> Array:
     """The pre-softmax projection with the shared embedding [vocab, d_model]: x [..., d_model] ->
-    logits [..., vocab] in `dtype` (the product accumulates in float32 either way). Consumers
-    upcast inside their reductions (`optim.cross_entropy_sums`, the decoder's log-softmax), so a
-    bfloat16 model never stores a float32 copy of [tokens, vocab]."""
-    return jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
+    logits [..., vocab] in `dtype` (the product accumulates in float32 either way), plus `bias`
+    [vocab] if given. Consumers upcast inside their reductions (`optim.cross_entropy_sums`, the
+    decoder's log-softmax), so a bfloat16 model never stores a float32 copy of [tokens, vocab]."""
+    logits = jnp.einsum("...d,vd->...v", x.astype(dtype), embedding.astype(dtype))
+    return logits if bias is None else logits + bias.astype(dtype)
 
 
-def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same), [max_len, d_model]."""
+def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same), [max_len, d_model].
+    `layout` "halves" (Marian's): the same d_model/2 sines in features [0, d_model/2), the cosines after."""
     position = np.arange(max_len, dtype=np.float64)[:, None]
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
     angle = position / np.power(10000.0, two_i / d_model)  # [max_len, d_model / 2]
+    sines, cosines = np.sin(angle), np.cos(angle)
+    if layout == "halves":
+        return np.concatenate([sines, cosines], axis=1).astype(np.float32)
     table = np.empty((max_len, d_model), np.float32)
-    table[:, 0::2] = np.sin(angle)
-    table[:, 1::2] = np.cos(angle)
+    table[:, 0::2] = sines
+    table[:, 1::2] = cosines
     return table
 
 
@@ -254,7 +272,7 @@ class PositionalEncoding(nn.Module):
             init = nn.initializers.normal(stddev=math.sqrt(0.5))
             table = self.param("embedding", init, (c.max_len, c.d_model), jnp.float32)
         else:
-            table = jnp.asarray(sinusoid_table(c.max_len, c.d_model))
+            table = jnp.asarray(sinusoid_table(c.max_len, c.d_model, c.sinusoid_layout))
         return jnp.take(table, positions, axis=0).astype(c.dtype)
 
 
@@ -552,8 +570,15 @@ def grow_cache(cache, length: int):
 # Feed-forward network (3.3) and residual sub-layers (3.1)
 
 
+ACTIVATIONS = {  # model.activation: "swish" is SiLU, x sigmoid(x); "gelu" the exact x Phi(x), not tanh's
+    "relu": nn.relu,
+    "swish": nn.silu,
+    "gelu": functools.partial(nn.gelu, approximate=False),
+}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (`activation`: another nonlinearity for max(0, .))."""
 
     config: TransformerConfig
 
@@ -561,11 +586,12 @@ class FeedForward(nn.Module):
     def __call__(self, x: Array, deterministic: bool) -> Array:
         c = self.config
         h = nn.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x)
-        if c.residual_norm == "pallas" and c.relu_dropout_rate > 0 and not deterministic:  # one kernel
+        fused = c.residual_norm == "pallas" and c.activation == "relu"  # the kernel's nonlinearity is ReLU
+        if fused and c.relu_dropout_rate > 0 and not deterministic:  # one kernel
             key = counter_dropout.key_data(self.make_rng("dropout"))
             h = counter_dropout.relu_dropout(key, h, counter_dropout.SITES["relu"], c.relu_dropout_rate)
         else:
-            h = make_dropout(c, c.relu_dropout_rate)(nn.relu(h), deterministic=deterministic)
+            h = make_dropout(c, c.relu_dropout_rate)(ACTIVATIONS[c.activation](h), deterministic=deterministic)
         return nn.Dense(c.d_model, kernel_init=xavier_uniform, dtype=c.dtype, name="output")(h)
 
 
@@ -574,15 +600,17 @@ def residual(c: TransformerConfig, x: Array, sublayer, name: str, deterministic:
 
     Call it inside a compact method: the LayerNorm it creates belongs to the caller.
     """
+    eps = c.layer_norm_epsilon
     if c.residual_norm == "pallas":  # post-norm (option_problem): dropout, sum and norm in one kernel
         norm = counter_dropout.DropoutResidualNorm(
-            c.dropout_rate, counter_dropout.SITES[name], c.dtype, name=f"{name}_norm"
+            c.dropout_rate, counter_dropout.SITES[name], c.dtype, epsilon=eps, name=f"{name}_norm"
         )
         return norm(x, sublayer(x), deterministic)
     drop = make_dropout(c, c.dropout_rate)
     if c.norm == "post" and c.residual_norm == "fused":
-        return ResidualLayerNorm(dtype=c.dtype, name=f"{name}_norm")(x, drop(sublayer(x), deterministic=deterministic))
-    norm = nn.LayerNorm(dtype=c.dtype, name=f"{name}_norm")
+        fused = ResidualLayerNorm(dtype=c.dtype, epsilon=eps, name=f"{name}_norm")
+        return fused(x, drop(sublayer(x), deterministic=deterministic))
+    norm = nn.LayerNorm(epsilon=eps, dtype=c.dtype, name=f"{name}_norm")
     if c.norm == "pre":
         return x + drop(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + drop(sublayer(x), deterministic=deterministic))
@@ -644,7 +672,7 @@ class Encoder(nn.Module):
         for i in range(c.num_layers):
             x = EncoderLayer(c, name=f"layer_{i}")(x, mask, deterministic)
         if c.norm == "pre":
-            x = nn.LayerNorm(dtype=c.dtype, name="final_norm")(x)
+            x = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
         return x
 
 
@@ -678,7 +706,7 @@ class Decoder(nn.Module):
         for i in range(c.num_layers):
             x = DecoderLayer(c, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic)
         if c.norm == "pre":
-            x = nn.LayerNorm(dtype=c.dtype, name="final_norm")(x)
+            x = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
         return self.embed.logits(x) if project else x
 
 
@@ -776,6 +804,11 @@ class Transformer(nn.Module):
 def shared_embedding(params) -> Array:
     """The shared embedding matrix [vocab, d_model] in a Transformer's parameters."""
     return params["embed"]["embedding"]
+
+
+def output_bias(params) -> Array | None:
+    """The logits' bias [vocab] in a Transformer's parameters (`output_bias`), or None."""
+    return params["embed"].get("output_bias")
 
 
 def init_params(model: Transformer, key: Array):

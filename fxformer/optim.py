@@ -11,7 +11,7 @@ import optax
 
 from fxformer.kernels import projected_loss
 from fxformer.metrics import TOKEN_SUMS
-from fxformer.model import shared_embedding, vocabulary_logits
+from fxformer.model import output_bias, shared_embedding, vocabulary_logits
 from fxformer.tokens import PAD_ID
 
 Array = jax.Array
@@ -183,8 +183,9 @@ def chunked_cross_entropy_sums(
     chunk: int,
     dtype,
     sums_of=cross_entropy_sums,
+    bias: Array | None = None,
 ) -> dict[str, Array]:
-    """`cross_entropy_sums` of the logits `vocabulary_logits(hidden, embedding, dtype)`, computed
+    """`cross_entropy_sums` of the logits `vocabulary_logits(hidden, embedding, dtype, bias)`, computed
     `chunk` target tokens at a time: only one chunk's logits [chunk, vocab] exist at once, in the
     forward pass and in the backward pass (which recomputes each chunk's logits for its gradient).
 
@@ -200,11 +201,11 @@ def chunked_cross_entropy_sums(
     weights = jnp.pad(weights, (0, pad)).reshape(-1, chunk)
 
     @jax.checkpoint
-    def one_chunk(embedding, hidden, targets, weights):
-        return sums_of(vocabulary_logits(hidden, embedding, dtype), targets, weights, label_smoothing)
+    def one_chunk(embedding, bias, hidden, targets, weights):
+        return sums_of(vocabulary_logits(hidden, embedding, dtype, bias), targets, weights, label_smoothing)
 
     def add(sums, chunk_inputs):
-        return jax.tree.map(jnp.add, sums, one_chunk(embedding, *chunk_inputs)), None
+        return jax.tree.map(jnp.add, sums, one_chunk(embedding, bias, *chunk_inputs)), None
 
     zeros = {key: jnp.zeros((), jnp.float32) for key in SUMS}
     sums, _ = jax.lax.scan(add, zeros, (hidden, targets, weights))
@@ -243,6 +244,14 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chun
     if chunk:
         embedding = shared_embedding(params)
         return chunked_cross_entropy_sums(
-            out, embedding, batch["targets"], weights, label_smoothing, chunk, model.config.dtype, sums_of
+            out,
+            embedding,
+            batch["targets"],
+            weights,
+            label_smoothing,
+            chunk,
+            model.config.dtype,
+            sums_of,
+            output_bias(params),
         )
     return sums_of(out, batch["targets"], weights, label_smoothing)

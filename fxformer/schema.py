@@ -62,6 +62,12 @@ def model_section() -> ml_collections.ConfigDict:
     section.max_len = 512  # positional table size; >= data.max_length
     section.norm = "post"  # or "pre" (departure)
     section.attention_bias = False  # the paper's W^Q, W^K, W^V, W^O have no biases (True: departure)
+    # Departures a Marian (OPUS-MT) model needs, each named (docs/interop.md):
+    section.activation = "relu"  # the feed-forward's max(0, .); "swish" (SiLU) or "gelu" (the exact, erf form)
+    section.sinusoid_layout = "interleaved"  # sin at even features, cos at odd; "halves": sines, then cosines
+    section.layer_norm_epsilon = 1e-6  # every LayerNorm's eps (the paper names none; Marian's is 1e-5)
+    section.output_bias = False  # True: a bias on the vocabulary logits (Marian's final_logits_bias)
+    section.scale_embedding = True  # embeddings times sqrt(d_model) (3.4); False: unscaled
     section.dtype = "float32"  # or "bfloat16" compute with float32 parameters
     section.attention_impl = "xla"  # or "cudnn" (fused, GPU, bfloat16, d_k == d_v) or "auto"
     # the kernel options below compute the same model (tests/test_kernels.py); the defaults keep the step as it was

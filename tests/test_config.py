@@ -96,6 +96,8 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "model.segment_block_k",
         "model.qkv_projection",
         "flat_update",
+        *("model.activation", "model.sinusoid_layout", "model.layer_norm_epsilon", "model.output_bias"),
+        "model.scale_embedding",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -103,6 +105,15 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
     moved = {key: old for key, (old, new) in changes.items() if new is None}
     assert moved == {"beam_size": 2, "alpha": 0.6, "max_decode_extra": 50}  # into the decode section
     assert set(changes) == set(added) | set(moved)  # every field it had keeps its value
+
+
+MARIAN_FIELDS = {  # the model options a Marian model needs, each at the paper's value
+    "activation": "relu",
+    "sinusoid_layout": "interleaved",
+    "layer_norm_epsilon": 1e-6,
+    "output_bias": False,
+    "scale_embedding": True,
+}
 
 
 def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fields_added_since():
@@ -122,6 +133,7 @@ def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fie
             "dropout_bits": 32,
             "residual_norm": "flax",
             "loss_impl": "reductions",
+            **MARIAN_FIELDS,
         },
     }
 
@@ -154,7 +166,8 @@ def test_the_regime_records_downgrade_to_older_code_and_upgrade_back_unchanged()
     assert len(configs) >= 44
     for now, old in configs:
         assert "flat_update" not in old and "loss_impl" not in old["model"]
-        assert config.upgrade(ml_collections.ConfigDict(old)).to_dict() == now
+        upgraded = config.upgrade(ml_collections.ConfigDict(old)).to_dict()
+        assert upgraded == {**now, "model": {**now["model"], **MARIAN_FIELDS}}  # the records predate those
 
 
 REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check

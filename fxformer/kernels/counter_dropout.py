@@ -260,7 +260,7 @@ def relu_dropout(
 
 class DropoutResidualNorm(nn.Module):
     """LayerNorm(x + Dropout(y)) as one kernel, with the parameters of `flax.linen.LayerNorm`
-    (float32 `scale` and `bias`, epsilon 1e-6), so a checkpoint loads into either. Deterministic
+    (float32 `scale` and `bias`; epsilon `model.layer_norm_epsilon`), so a checkpoint loads into either. Deterministic
     (evaluation, decoding): `kernels.norm.residual_layer_norm`, the same function without dropout."""
 
     rate: float

@@ -58,8 +58,8 @@ residual_layer_norm.defvjp(_forward, _backward)
 
 
 class ResidualLayerNorm(nn.Module):
-    """LayerNorm(x + y) with the parameters of `flax.linen.LayerNorm` (float32 `scale` and `bias`,
-    epsilon 1e-6), so a checkpoint loads into either."""
+    """LayerNorm(x + y) with the parameters of `flax.linen.LayerNorm` (float32 `scale` and `bias`;
+    epsilon `model.layer_norm_epsilon`), so a checkpoint loads into either."""
 
     dtype: jnp.dtype = jnp.float32
     epsilon: float = 1e-6
