@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fxformer import attention_weights, cli, configfile, evaluation, inference, parallel, paths
+from fxformer import attention_weights, cli, configfile, evaluation, inference, marian, parallel, paths
 from fxformer.data import pipeline
 from fxformer.errors import UserError
 from fxformer.tokens import PAD_ID
@@ -47,7 +48,7 @@ class TrainedRun:
     """A workdir's checkpoint(s), restored: `config`, `tokenizer`, `params`, `steps` (the
     checkpoint steps averaged into `params`), and what can be done with them."""
 
-    workdir: paths.Workdir
+    workdir: paths.Workdir | None  # None: a model imported from transformers' Marian files
     restored: inference.Restored
     step: int | str
 
@@ -113,7 +114,10 @@ class TrainedRun:
         if len(sources) != len(targets):
             raise UserError(f"score takes one target per source: {len(sources)} sources, {len(targets)} targets.")
         tokenizer, model = self.tokenizer, self.restored.model
-        examples = [{"inputs": tokenizer.encode(s), "targets": tokenizer.encode(t)} for s, t in zip(sources, targets)]
+        examples = [
+            {"inputs": tokenizer.encode_source(s), "targets": tokenizer.encode_target(t)}
+            for s, t in zip(sources, targets)
+        ]
         length = pipeline.eval_length(examples, model.config.max_len)
         sums = sentence_log_probs(model)
         out: list[Score | None] = [None] * len(examples)
@@ -137,6 +141,8 @@ class TrainedRun:
         are written to W/eval/ as the command writes them, their path under "path". `log`: progress;
         `report(results)`: called with the scores before anything is written."""
         run = self.with_decode(**decode)
+        if self.workdir is None:
+            raise UserError("An imported model has no workdir to evaluate into; translate and score it instead.")
         evaluation.check_writable(self.workdir)
         return evaluation.evaluate(run.restored, self.workdir, split, self.step, limit, log, report)
 
@@ -155,9 +161,14 @@ def load(
     under `W/averaged/` for the next load (`keep_average=False`: reused if saved, else kept in
     memory only, as `attention_maps` does: it writes nothing outside `W/attention/`). `overrides`:
     (key, value) pairs of the decode section, as the commands' `--config.decode.*` flags. A workdir
-    that is no training run is refused in one sentence, as the commands refuse it."""
+    that is no training run is refused in one sentence, as the commands refuse it. A directory
+    transformers wrote for a Marian (OPUS-MT) model is imported (`fxformer.marian`, docs/interop.md)."""
     if isinstance(step, str) and step not in ("latest", "best"):
         step = int(step) if step.isdigit() else step  # "600" as the commands' --step takes it
+    if not isinstance(workdir, paths.Workdir) and marian.is_marian(os.fspath(workdir)):
+        if step != "latest" or average_last not in (None, 1):
+            raise UserError(f"{os.fspath(workdir)} is one imported model: it has no steps to choose or average.")
+        return TrainedRun(None, inference.restore_marian(Path(os.fspath(workdir)), overrides), "imported")
     run = workdir if isinstance(workdir, paths.Workdir) else cli.workdir(os.fspath(workdir))
     restored = inference.restore(run, step, average_last, overrides, log, keep_average)
     return TrainedRun(run, restored, step)

@@ -15,6 +15,7 @@ import numpy as np
 from fxformer import inference
 from fxformer.errors import UserError
 from fxformer.model import Transformer, TransformerConfig
+from fxformer.tokens import BOS_ID
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder attention"}
 
@@ -114,7 +115,7 @@ def pair_weights(run: inference.Restored, source: str, target: str | None = None
     characters become the tokenizer's <unk>, as in training."""
     check_sentences(source, target)
     c, tokenizer = run.model.config, run.tokenizer
-    source_ids = tokenizer.encode(source)
+    source_ids = tokenizer.encode_source(source)
     translated = target is None
     if translated:  # as translate does, but refused rather than cut: the figures show the whole sentence
         extra = run.decode.max_extra
@@ -123,16 +124,16 @@ def pair_weights(run: inference.Restored, source: str, target: str | None = None
         target = own_translation(run, source, log)
     else:
         check_length("source", len(source_ids), c.max_len, f"model.max_len {c.max_len}")
-    target_ids = tokenizer.encode(target)
+    target_ids = tokenizer.encode_target(target)
     check_length("target", len(target_ids), c.max_len, f"model.max_len {c.max_len}")
     found = jax.device_get(teacher_forced_weights(c, run.params, source_ids[None], target_ids[None]))
-    pieces = [tokenizer.sp.id_to_piece(int(i)) for i in target_ids]
+    pieces = [tokenizer.piece(i) for i in target_ids]
     return Weights(
         source=source,
         target=target,
         translated=translated,
-        source_tokens=[tokenizer.sp.id_to_piece(int(i)) for i in source_ids],
-        decoder_inputs=[tokenizer.sp.id_to_piece(tokenizer.sp.bos_id()), *pieces[:-1]],
+        source_tokens=[tokenizer.piece(i) for i in source_ids],
+        decoder_inputs=[tokenizer.piece(BOS_ID), *pieces[:-1]],
         target_tokens=pieces,
         **{kind: np.asarray(a[0], np.float32) for kind, a in found.items()},
     )

@@ -20,8 +20,8 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, configfile, decode, optim, parallel, paths, trainstate
-from fxformer.config import DecodeOptions, load_workdir_config
+from fxformer import checkpoint, configfile, decode, marian, optim, parallel, paths, schema, trainstate
+from fxformer.config import DecodeOptions, load_workdir_config, resolve_derived, validate
 from fxformer.data import corpora, pipeline, tokenized
 from fxformer.data.tokenizer import Tokenizer
 from fxformer.errors import UserError
@@ -99,6 +99,27 @@ def restore(
         workdir, step, average_last, abstract_params, log=log, keep_average=keep_average, interval=interval
     )
     return Restored(config, model, tokenizer, params, steps, mesh, trained.decode.to_dict())
+
+
+def restore_marian(path, overrides=()) -> Restored:
+    """A Marian directory written by transformers (`fxformer.marian`), ready for inference: fxformer's
+    default config with the model section the import reads, and the imported parameters on the
+    devices at hand (replicated). `overrides`: (key, value) pairs of the decode section."""
+    fields, params, tokenizer = marian.read(path)
+    config = schema.defaults()
+    config.model.update(fields)
+    config.data.max_length = min(config.data.max_length, fields["max_len"])
+    resolve_derived(config)
+    validate(config)
+    trained = config.decode.to_dict()
+    config = configfile.apply_decode_overrides(config, overrides, path)
+    mesh = parallel.data_mesh()
+    model = trainstate.model_of(config, tokenizer.vocab_size)
+    abstract = trainstate.abstract_params(model, mesh)
+    if jax.tree.structure(abstract) != jax.tree.structure(params):
+        raise UserError(f"{path}: the imported parameters do not make the model its config.json describes.")
+    params = jax.tree.map(lambda a, p: jax.device_put(jnp.asarray(p, jnp.float32), a.sharding), abstract, params)
+    return Restored(config, model, tokenizer, params, [], mesh, trained)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +296,8 @@ def translate_sources(
     """Sentences of text -> their translations with scores, best first (tokenize, then
     `translate_examples`), searched as the run's decode section says; `batch_size` 0: the
     config's eval batch size. `fxformer.translate` and `fxformer.attention_maps` translate with it."""
-    examples = [{"inputs": run.tokenizer.encode(s), "targets": run.tokenizer.encode("")} for s in sources]
+    tokenizer = run.tokenizer
+    examples = [{"inputs": tokenizer.encode_source(s), "targets": tokenizer.encode_target("")} for s in sources]
     return translate_examples(
         translate=translator(run.model, run.mesh, run.decode),
         params=run.params,

@@ -42,6 +42,13 @@ class Tokenizer:
         """Text -> int32 ids ending in EOS."""
         return np.asarray(self.sp.encode(text) + [EOS_ID], np.int32)
 
+    # One model for both sides; an imported Marian model has one per side (`fxformer.marian`).
+    encode_source = encode_target = encode
+
+    def piece(self, i: int) -> str:
+        """The wordpiece of id `i`."""
+        return self.sp.id_to_piece(int(i))
+
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, stopping at the first EOS and skipping pad and bos."""
         out = []
