@@ -332,15 +332,20 @@ def test_the_models_kernel_options_compute_the_same_model_and_loss():
         init = Transformer(fused).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
         assert jax.tree.structure(params) == jax.tree.structure(init)
         assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(init), strict=True))
+    assert_same_loss_and_gradients(config, options, params, batch)
+
+
+def assert_same_loss_and_gradients(reference: TransformerConfig, options, params, batch) -> None:
+    """Each of `options` (model configs) gives `reference`'s loss sums and gradients on `batch`, in float32."""
 
     @functools.partial(jax.jit, static_argnums=0)
     def sums_and_grads(c, params):
         loss = lambda p: optim.loss_sums(p, batch, Transformer(c), 0.1)  # noqa: E731
         return loss(params), jax.grad(lambda p: loss(p)["loss"])(params)
 
-    want, want_grads = sums_and_grads(config, params)
-    for fused in options:
-        got, got_grads = sums_and_grads(fused, params)
+    want, want_grads = sums_and_grads(reference, params)
+    for c in options:
+        got, got_grads = sums_and_grads(c, params)
         for key in optim.SUMS:
             np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-5)
         for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):

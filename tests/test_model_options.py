@@ -4,7 +4,6 @@ the sinusoids in halves, swish and the exact GELU in the feed-forward network, L
 options compute the same model with them on, and what a kernel cannot do is refused in one sentence."""
 
 import dataclasses
-import functools
 import math
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import erf
+from test_kernels import assert_same_loss_and_gradients
 
 from fxformer import config as fxconfig
 from fxformer import configfile, optim
@@ -153,19 +153,7 @@ def test_the_kernel_options_compute_the_same_marian_model_and_loss():
     options += [dataclasses.replace(MARIAN, loss_impl="one_pass"), dataclasses.replace(MARIAN, qkv_projection="merged")]
     batch = batch_of(np.random.default_rng(5))
     params = Transformer(MARIAN).init(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def sums_and_grads(c, params):
-        loss = lambda p: optim.loss_sums(p, batch, Transformer(c), 0.1)  # noqa: E731
-        return loss(params), jax.grad(lambda p: loss(p)["loss"])(params)
-
-    want, want_grads = sums_and_grads(MARIAN, params)
-    for c in options:
-        got, got_grads = sums_and_grads(c, params)
-        for key in optim.SUMS:
-            np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-5)
-        for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_gradients(MARIAN, options, params, batch)
 
 
 def test_what_the_kernels_or_the_model_cannot_do_is_refused_in_one_sentence():

@@ -18,7 +18,7 @@ from etils import epath
 from fxformer import paths
 from fxformer.data import corpora
 from fxformer.errors import UserError
-from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID, text_ids
 
 
 class Tokenizer:
@@ -51,14 +51,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, stopping at the first EOS and skipping pad and bos."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                out.append(i)
-        return self.sp.decode(out)
+        return self.sp.decode(text_ids(ids))
 
 
 def train_tokenizer(
