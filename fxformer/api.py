@@ -113,11 +113,8 @@ class TrainedRun:
         split is its perplexity."""
         if len(sources) != len(targets):
             raise UserError(f"score takes one target per source: {len(sources)} sources, {len(targets)} targets.")
-        tokenizer, model = self.tokenizer, self.restored.model
-        examples = [
-            {"inputs": tokenizer.encode_source(s), "targets": tokenizer.encode_target(t)}
-            for s, t in zip(sources, targets)
-        ]
+        model = self.restored.model
+        examples = pipeline.tokenize_pairs(self.tokenizer, sources, targets)
         length = pipeline.eval_length(examples, model.config.max_len)
         sums = sentence_log_probs(model)
         out: list[Score | None] = [None] * len(examples)
@@ -135,16 +132,41 @@ class TrainedRun:
         queries, keys]; `w.axes(kind)` the wordpieces that label them."""
         return attention_weights.pair_weights(self.restored, source, target, log=quiet)
 
-    def evaluate(self, split: str = "test", limit: int = 0, *, log=quiet, report=None, **decode) -> dict:
+    def evaluate(
+        self,
+        split: str | tuple[str, str] = "test",
+        limit: int = 0,
+        *,
+        out: str | os.PathLike | None = None,
+        log=quiet,
+        report=None,
+        **decode,
+    ) -> dict:
         """Perplexity per wordpiece, sacreBLEU (cased and lowercased) and chrF on `split` (its first
-        `limit` sentences if > 0), as `fxformer.evaluate` prints them; the results and translations
-        are written to W/eval/ as the command writes them, their path under "path". `log`: progress;
-        `report(results)`: called with the scores before anything is written."""
+        `limit` sentences if > 0), as `fxformer.evaluate` prints them: a split of the run's data, or
+        a pair of text files (source, reference), one sentence per line. The results and
+        translations are written to W/eval/, or to the folder `out` (an imported model has no
+        workdir: `out` is needed), as the command writes them, their path under "path". `log`:
+        progress; `report(results)`: called with the scores before anything is written."""
         run = self.with_decode(**decode)
-        if self.workdir is None:
-            raise UserError("An imported model has no workdir to evaluate into; translate and score it instead.")
-        evaluation.check_writable(self.workdir)
-        return evaluation.evaluate(run.restored, self.workdir, split, self.step, limit, log, report)
+        if out is None and self.workdir is None:
+            raise UserError(
+                "An imported model's directory is not written to: give out=DIR (--out=DIR) for the results."
+            )
+        folder = paths.as_path(out) if out is not None else self.workdir.eval
+        evaluation.check_writable(folder)
+        if isinstance(split, str):
+            if self.workdir is None:
+                raise UserError(
+                    f"An imported model has no data splits to evaluate '{split}' on: give a pair of text files "
+                    "(source, reference), --source_file=FILE --reference_file=FILE."
+                )
+            test = evaluation.split_test_set(self.config, split, limit, log)
+        else:
+            test = evaluation.file_test_set(*split, limit=limit)
+        label = "imported" if self.workdir is None else paths.checkpoint_label(self.steps, self.step == "best")
+        result = paths.eval_result(folder, test.name, label, test.first, run.restored.decode_changes)
+        return evaluation.evaluate(run.restored, test, result, log, report)
 
 
 def load(

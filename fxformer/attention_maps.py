@@ -10,7 +10,8 @@ encoder-decoder attention. Without --target the model's own translation is print
 the search `fxformer.translate` runs, with the same checkpoint choice and --config.decode.*
 settings. Layers and heads are numbered from 1, as in the paper ("layer 5 of 6").
 
-Writes into W/attention/<name>/ only (--name, else the source's first words and the checkpoint):
+Writes into W/attention/<name>/ only (--name, else the source's first words and the checkpoint;
+--out=DIR: into DIR/<name>/ instead, as a Marian directory transformers wrote needs):
   encoder.png decoder.png cross.png   a heatmap per layer (rows of panels) and head (columns);
                                       in a panel each row is a query, each column a key
   lines-<kind>-layer<L>-<head>.png    Figure 3's view: the tokens in two columns, a line from each
@@ -29,11 +30,12 @@ from __future__ import annotations
 import collections
 import json
 import re
+from pathlib import Path
 
 import jax
 import numpy as np
 
-from fxformer import api, attention_weights, cli, inferflags, parallel, paths, png
+from fxformer import api, attention_weights, cli, inferflags, marian, parallel, paths, png
 from fxformer.attention_weights import KINDS, Weights, check_sentences
 from fxformer.config import load_workdir_config
 from fxformer.errors import UserError
@@ -199,9 +201,10 @@ def draw_lines(w: Weights, kind: str, layer: int, heads: list[int], path: paths.
 
 
 def default_name(source: str, steps: list[int], step: int | str) -> str:
-    """A folder name from the source's first words and the checkpoint(s): `the-man-who-sees-600`."""
+    """A folder name from the source's first words and the checkpoint(s): `the-man-who-sees-600`
+    (`-imported` for a model imported from transformers' files)."""
     words = "-".join(re.findall(r"\w+", source.lower())[:6]) or "sentence"
-    return f"{words}-{paths.checkpoint_label(steps, step == 'best')}"
+    return f"{words}-{paths.checkpoint_label(steps, step == 'best') if steps else 'imported'}"
 
 
 def heads_of(flag: str, num_heads: int) -> list[int]:
@@ -222,6 +225,11 @@ def main() -> None:
     p.add_argument("--target", default=None, help="its translation (default: the model's own, printed)")
     p.add_argument("--name", default="", help="the folder under W/attention/ (default: the source's first words)")
     p.add_argument(
+        "--out",
+        default="",
+        help="write the folder under this one instead of W/attention/ (needed for an imported model)",
+    )
+    p.add_argument(
         "--view",
         default="all",
         choices=("all", "grid", "lines"),
@@ -235,9 +243,16 @@ def main() -> None:
     args = inferflags.parse(p)
     log = cli.log_to_stderr
 
-    workdir = cli.workdir(args.workdir)
-    config = load_workdir_config(workdir)  # layers and heads checked before any restore
-    num_layers, num_heads = config.model.num_layers, config.model.num_heads
+    run_dir = inferflags.trained_run(args.workdir)
+    if isinstance(run_dir, paths.Workdir):  # layers and heads checked before any restore
+        model = load_workdir_config(run_dir).model
+        num_layers, num_heads = model.num_layers, model.num_heads
+        parent = paths.as_path(args.out) if args.out else run_dir.root / "attention"
+    else:
+        num_layers, num_heads = marian.layers_and_heads(Path(run_dir))
+        if not args.out:
+            raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
+        parent = paths.as_path(args.out)
     layer = max(1, num_layers - 1) if args.layer is None else args.layer
     if not 1 <= layer <= num_layers:
         raise UserError(f"--layer={layer} does not exist: this model has {num_layers} layers (1 to {num_layers}).")
@@ -247,10 +262,9 @@ def main() -> None:
     if not 0 < args.dpi < 2000:  # a NaN too
         raise UserError(f"--dpi={args.dpi:g} is not a resolution; give dots per inch above 0 and below 2000, e.g. 100.")
     check_sentences(args.source, args.target)
-    parent = workdir.root / "attention"
     paths.check_writable(parent, "the figures are written")
 
-    run = api.load(workdir, args.step, args.average_last, args.overrides, log, keep_average=False)
+    run = api.load(run_dir, args.step, args.average_last, args.overrides, log, keep_average=False)
     w = attention_weights.pair_weights(run.restored, args.source, args.target, log)
     if w.translated:
         parallel.print_once(f"translation: {w.target}")
@@ -258,7 +272,7 @@ def main() -> None:
     if jax.process_index() == 0:
         out = parent / (args.name or default_name(args.source, run.steps, args.step))
         steps = run.steps
-        title = f"{'best ' if args.step == 'best' else ''}checkpoint step {steps[-1]}"
+        title = f"{'best ' if args.step == 'best' else ''}checkpoint step {steps[-1]}" if steps else "imported"
         title += f", average of {len(steps)}" if len(steps) > 1 else ""
         written = write_outputs(w, rows, out, args.view, (args.kind, layer, heads), title, steps, args.dpi, args.json)
         print(summary_table(rows))

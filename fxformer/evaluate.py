@@ -4,6 +4,7 @@
     python -m fxformer.evaluate --workdir=runs/base --split=test --average_last=5 --config.decode.beam_size=4
     python -m fxformer.evaluate --workdir=runs/base --split=test --hypotheses=my_translations.txt
     python -m fxformer.evaluate --workdir=runs/base --split=validation,test   # restored once, both splits
+    python -m fxformer.evaluate --workdir=opus-mt-en-de --source_file=test.en --reference_file=test.de --out=evals
 
 Restores onto the devices at hand, whatever count trained the run. Writes
 `W/eval/<split>-<step>[-avg<k>][-best][-<decode field>=<value>...][-first<n>].json` (bleu, bleu_lc
@@ -15,6 +16,10 @@ search overwrites another's results); the model and data are the trained run's.
 `--hypotheses=FILE` scores an existing translation file (one line per sentence of the split, in
 the order of the `.ref.txt` an evaluation writes: TFDS stores the WMT splits in its own order, not
 the official file's) with the same sacreBLEU settings, without a model.
+`--source_file` and `--reference_file` give the test set as two text files (one sentence per line)
+instead of a split; `--out=DIR` writes the results there instead of W/eval/. A Marian (OPUS-MT)
+directory written by transformers is evaluated so, with both (docs/interop.md): nothing is
+written into the directory read.
 
 The run is loaded by `fxformer.load`, as from Python; the evaluation itself is `fxformer.evaluation`.
 """
@@ -27,17 +32,16 @@ from fxformer.data import corpora
 from fxformer.errors import UserError
 
 
-def score_file(workdir: paths.Workdir, hypotheses_file: str, split: str, limit: int = 0, log=print) -> dict:
-    """sacreBLEU and chrF of an existing translation file against `split`'s references (no model)."""
-    config = load_workdir_config(workdir)
+def score_file(hypotheses_file: str, test: evaluation.TestSet) -> dict:
+    """sacreBLEU and chrF of an existing translation file against `test`'s references (no model)."""
     hypotheses = paths.split_lines(cli.read_flag_file("hypotheses", hypotheses_file), hypotheses_file)
-    _, n, references = evaluation.references_of(config, split, limit, log)
+    n = len(test.references)
     if len(hypotheses) != n:
         raise UserError(
-            f"{hypotheses_file} has {len(hypotheses):,} lines but the {split} split has {n:,} sentences; "
+            f"{hypotheses_file} has {len(hypotheses):,} lines but {test.about} has {n:,} sentences; "
             "give one translation per line, in order (or --limit=N for the first N)."
         )
-    return {**evaluation.scores(hypotheses, references), "num_sentences": n, "split": split}
+    return {**evaluation.scores(hypotheses, test.references), "num_sentences": n, "split": test.name}
 
 
 def main() -> None:
@@ -50,6 +54,18 @@ def main() -> None:
     )
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N sentences only")
     p.add_argument(
+        "--source_file",
+        default="",
+        help="a test set as two text files instead of a split: the source sentences, one per line "
+        "(with --reference_file; results named after this file)",
+    )
+    p.add_argument("--reference_file", default="", help="the reference translations of --source_file, line by line")
+    p.add_argument(
+        "--out",
+        default="",
+        help="write the results and translations to this folder instead of W/eval/ (needed for an imported model)",
+    )
+    p.add_argument(
         "--hypotheses",
         default="",
         help="score this translation file instead of translating: one line per sentence, in the order fxformer "
@@ -57,17 +73,33 @@ def main() -> None:
         "file's order)",
     )
     args = inferflags.parse(p)
-    splits = args.split.split(",")
+    files = (args.source_file, args.reference_file)
+    if any(files) and not all(files):
+        raise UserError("A test set of text files takes both --source_file=FILE and --reference_file=FILE.")
+    splits = [files] if all(files) else args.split.split(",")
     if not all(splits) or len(set(splits)) < len(splits):
         raise UserError(
             f"--split={args.split}: give split names separated by commas, each once (--split=validation,test)."
         )
     if args.hypotheses and len(splits) > 1:
         raise UserError(f"--hypotheses scores one split's translations, not {len(splits)}; give one --split.")
-    workdir = cli.workdir(args.workdir)
+    run_dir = inferflags.trained_run(args.workdir)
+    out = args.out or None
+    if not isinstance(run_dir, paths.Workdir) and not all(files):
+        raise UserError(
+            f"{run_dir} is an imported model with no data splits: give --source_file=FILE --reference_file=FILE."
+        )
+    if not isinstance(run_dir, paths.Workdir) and out is None and not args.hypotheses:
+        raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
     say = parallel.print_once
+    if all(files):  # read now, not after the restore
+        evaluation.file_test_set(*files, limit=args.limit)
     if args.hypotheses:
-        r = score_file(workdir, args.hypotheses, args.split, args.limit, log=say)
+        if all(files):
+            test = evaluation.file_test_set(*files, limit=args.limit)
+        else:
+            test = evaluation.split_test_set(load_workdir_config(run_dir), args.split, args.limit, log=say)
+        r = score_file(args.hypotheses, test)
         say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}")
@@ -75,22 +107,23 @@ def main() -> None:
         return
 
     def report(r: dict) -> None:
-        say(f"{r['split']}: {r['num_sentences']:,} sentences, checkpoint step(s) {r['checkpoint_steps']}")
+        steps = f"checkpoint step(s) {r['checkpoint_steps']}" if r["checkpoint_steps"] else "an imported model"
+        say(f"{r['split']}: {r['num_sentences']:,} sentences, {steps}")
         say(f"perplexity (per wordpiece): {r['ppl']:.3f}")
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    evaluation.check_writable(workdir)  # before the restore: the results are written at the end
-    run = api.load(workdir, args.step, args.average_last, args.overrides, say)
+    evaluation.check_writable(out or run_dir.eval)  # before the restore: the results are written at the end
+    run = api.load(run_dir, args.step, args.average_last, args.overrides, say)
     if len(splits) > 1:  # every split checked before the first is decoded
         builder = corpora.prepare(run.config.data, log=say)
         for split in splits:
             corpora.data_source(builder, split)
     for split in splits:
-        r = run.evaluate(split, args.limit, log=say, report=report)
+        r = run.evaluate(split, args.limit, out=out, log=say, report=report)
         say(
             f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-            f"{r.get('path', workdir)}",
+            f"{r.get('path', out or run_dir.eval)}",
             flush=True,  # before the next split's progress lines (stderr), in a log that holds both
         )
 

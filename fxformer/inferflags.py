@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from fxformer import cli, compilecache, configfile, parallel
+from fxformer import cli, compilecache, configfile, marian, parallel, paths
 from fxformer.config import DecodeOptions
 from fxformer.errors import UserError
 
@@ -21,7 +21,11 @@ def parser(description: str, module: str) -> argparse.ArgumentParser:
         for f in dataclasses.fields(DecodeOptions)
     ]
     p.epilog = f"Change the search with --config.decode.<field>=<value>: {', '.join(fields)}."
-    p.add_argument("--workdir", required=True, help="a training run directory")
+    p.add_argument(
+        "--workdir",
+        required=True,
+        help="a training run directory, or a Marian (OPUS-MT) directory transformers wrote (docs/interop.md)",
+    )
     p.add_argument(
         "--step",
         default="latest",
@@ -47,6 +51,12 @@ def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     args.step = checkpoint_choice(args.step)
     parallel.join_cluster(args)
     return args
+
+
+def trained_run(flag: str) -> paths.Workdir | str:
+    """--workdir as `fxformer.load` takes it: a Marian directory transformers wrote (the path, read
+    and never written), else a training run's `Workdir` (refused in one sentence if a file)."""
+    return flag if marian.is_marian(flag) else cli.workdir(flag)
 
 
 def checkpoint_choice(flag: str) -> int | str:

@@ -98,6 +98,12 @@ def model_fields(hf: dict, vocab_size: int, output_bias: bool) -> dict:
     }
 
 
+def layers_and_heads(path: Path) -> tuple[int, int]:
+    """(layers, heads a layer) of the Marian model at `path`, from its config.json alone."""
+    hf = read_config(path)
+    return hf["encoder_layers"], hf["encoder_attention_heads"]
+
+
 def special_rows(hf: dict, vocab: dict[str, int]) -> tuple[np.ndarray, bool]:
     """(rows, absent): fxformer's row i is Marian's row rows[i]; `absent` when fxformer's bos row is
     a copy of Marian's pad row (the decoder starts from `<pad>`)."""

@@ -166,6 +166,14 @@ def checkpoint_label(steps: list[int], best: bool = False) -> str:
     return f"{steps[-1]}" + (f"-avg{len(steps)}" if len(steps) > 1 else "") + ("-best" if best else "")
 
 
+def eval_result(folder, name: str, label: str, first: int = 0, decode: dict | None = None) -> epath.Path:
+    """`<folder>/<name>-<label>[-<field>=<value>...][-first<n>].json`: where an evaluation of the test
+    set `name` (a split, or a source file's name) by the parameters `label` names (`checkpoint_label`,
+    or `imported`) is written, with the decode fields that differ from the run's (`alpha=1.5`)."""
+    searched = "".join(f"-{key}={value}" for key, value in (decode or {}).items())
+    return as_path(folder) / (f"{name}-{label}{searched}" + (f"-first{first}" if first else "") + ".json")
+
+
 @dataclasses.dataclass(frozen=True)
 class Workdir:
     """A run directory: `W/config.json`, `W/tokenizer.model`, `W/checkpoints/<step>`,
@@ -224,10 +232,7 @@ class Workdir:
         on a split (its translations beside it, `.hyp.txt` and `.ref.txt`); `decode`: the decode
         fields that differ from the trained run's (`alpha=1.5`), so that another search, or a
         partial run (the first n sentences), never overwrites the default full one."""
-        searched = "".join(f"-{key}={value}" for key, value in (decode or {}).items())
-        return self.eval / (
-            f"{split}-{checkpoint_label(steps, best)}{searched}" + (f"-first{first}" if first else "") + ".json"
-        )
+        return eval_result(self.eval, split, checkpoint_label(steps, best), first, decode)
 
     def checkpoint_steps(self) -> list[int]:
         """The training checkpoints whose saves finished."""

@@ -12,7 +12,7 @@ tokens_seen, epochs, wall_s, minutes); several workdirs are overlaid, labelled b
 
 from __future__ import annotations
 
-from fxformer import cli, metrics, paths, png
+from fxformer import cli, marian, metrics, paths, png
 from fxformer.errors import UserError
 
 PANELS = (
@@ -39,6 +39,9 @@ def x_value(line: dict, x: str) -> float | None:
 
 
 def read_metrics(workdir: paths.PathLike) -> list[dict]:
+    """The run's logged lines, or one sentence why there are none."""
+    if marian.is_marian(workdir):
+        raise UserError(f"{workdir} is a model imported from transformers' files: it has no training curves to plot.")
     logged = metrics.logged(paths.Workdir(workdir))
     if not logged:
         raise UserError(f"{workdir} has no metrics.jsonl yet; train first (it is written at each log step).")

@@ -6,6 +6,7 @@
     python -m fxformer.translate --workdir=runs/base --config.decode.strategy=sample \\
         --config.decode.temperature=0.7 --config.decode.top_k=40 --config.decode.seed=1 < news.en
 
+`--workdir` may also name a Marian (OPUS-MT) directory transformers wrote (docs/interop.md).
 Progress goes to stderr, so stdout holds only the translations, one per input line: lines
 are split on newlines only (a form feed or a Unicode line separator stays inside its line), a
 blank line comes out blank, and input must be UTF-8.
@@ -42,11 +43,14 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
     return "".join(text + "\n" for text in out)
 
 
-def translated_lines(args, workdir: paths.Workdir, lines: list[str]) -> tuple[api.TrainedRun, dict[int, list]]:
+def translated_lines(args, workdir: paths.Workdir | str, lines: list[str]) -> tuple[api.TrainedRun, dict[int, list]]:
     """The run loaded (`fxformer.load`), and the translations of the non-blank `lines` by their numbers."""
     log = cli.log_to_stderr
     run = api.load(workdir, args.step, args.average_last, args.overrides, log)
-    log(f"translating {len(lines):,} lines with checkpoint step(s) {run.steps}")
+    log(
+        f"translating {len(lines):,} lines with "
+        + (f"checkpoint step(s) {run.steps}" if run.steps else "an imported model")
+    )
     found = run.nbest(lines, batch_size=args.batch_size, log=log, what="translate")
     return run, {i: translations for i, translations in enumerate(found) if translations}
 
@@ -69,8 +73,9 @@ def main() -> None:
     else:
         data = cli.read_flag_file("input", args.input)
     lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
-    workdir = cli.workdir(args.workdir)
-    run, translated = translated_lines(args, workdir, lines)  # the standard output holds them alone (`cli.run`)
+    run, translated = translated_lines(
+        args, inferflags.trained_run(args.workdir), lines
+    )  # the standard output holds them alone (`cli.run`)
     if jax.process_index() != 0:  # every process has every translation; one copy is written
         return
     try:

@@ -4,9 +4,13 @@ vocab.json in Marian's layout), written by `save_pretrained` and read by `fxform
 teacher-forced log-probabilities and the greedy translations equal transformers' own.
 Needs the interop extra (transformers, torch); skipped without it."""
 
+import dataclasses
+import importlib
 import json
+import math
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +20,17 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
+from conftest import left_as_is, refused_in_process, run_module  # noqa: E402
+from flax import linen as nn  # noqa: E402
 
 import fxformer  # noqa: E402
+from fxformer import marian as importer  # noqa: E402
+from fxformer import trainstate  # noqa: E402
 from fxformer.errors import UserError  # noqa: E402
+from fxformer.tokens import BOS_ID, EOS_ID  # noqa: E402
 
 WORDS = {
     "en": "the a old young teacher boy girl dog cat house garden helped saw sleeps runs quickly with in on".split(),
@@ -184,3 +195,165 @@ def test_the_recipe_in_the_docs_runs_on_a_marian_directory(marian, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     for code in recipes:
         exec(compile(code, "docs/interop.md", "exec"), {})
+
+
+TOLERANCE = 1e-4  # of a per-token log-probability, float32
+
+
+def largest_difference(run, model, tokenizer) -> float:
+    """The largest per-token log-probability difference from transformers' over PAIRS."""
+    return max(
+        float(np.abs(ours - their_log_probs(model, tokenizer, source, target)).max())
+        for (source, target), ours in zip(PAIRS, our_log_probs(run, PAIRS))
+    )
+
+
+def broken(run, params=None, **model_fields):
+    """`run` with model fields changed, or other parameters: an import with one difference missed."""
+    config = run.config.copy_and_resolve_references()
+    config.model.update(model_fields)
+    model = trainstate.model_of(config, run.tokenizer.vocab_size)
+    restored = dataclasses.replace(run.restored, config=config, model=model, params=params or run.params)
+    return dataclasses.replace(run, restored=restored)
+
+
+def with_embed(params, **arrays):
+    return {**params, "embed": {**params["embed"], **arrays}}
+
+
+def test_each_difference_missed_moves_the_log_probabilities_ten_times_the_tolerance(marian):
+    path, model, tokenizer = marian
+    run = fxformer.load(path)
+    bias, table = run.params["embed"]["output_bias"], run.params["embed"]["embedding"]
+    breaks = {
+        "interleaved positions": broken(run, sinusoid_layout="interleaved"),
+        "ReLU for swish": broken(run, activation="relu"),
+        "the output bias dropped": broken(
+            run, with_embed(run.params, output_bias=jnp.where(bias == importer.ABSENT, bias, 0))
+        ),
+        "<pad> as id 0 (the decoder starting from </s>)": broken(
+            run, with_embed(run.params, embedding=table.at[BOS_ID].set(table[EOS_ID]))
+        ),
+        "the absent row's bias 0": broken(
+            run, with_embed(run.params, output_bias=jnp.where(bias == importer.ABSENT, 0, bias))
+        ),
+    }
+    assert largest_difference(run, model, tokenizer) < TOLERANCE
+    for name, wrong in breaks.items():
+        moved = largest_difference(wrong, model, tokenizer)
+        print(f"{name}: largest difference {moved:.2e} ({moved / TOLERANCE:.0f}x the tolerance)")
+        assert moved >= 10 * TOLERANCE, name
+
+
+def test_layer_norm_epsilon_is_transformers_on_inputs_of_variance_near_it(marian):
+    path, model, _ = marian
+    run = fxformer.load(path)
+    theirs = model.model.encoder.layers[0].self_attn_layer_norm
+    x = np.random.default_rng(0).normal(0, math.sqrt(1e-5), (8, theirs.normalized_shape[0])).astype(np.float32)
+    with torch.no_grad():
+        expected = theirs(torch.from_numpy(x)).numpy()
+    scale_bias = {"scale": theirs.weight.detach().numpy(), "bias": theirs.bias.detach().numpy()}
+    ours = lambda epsilon: np.asarray(nn.LayerNorm(epsilon=epsilon).apply({"params": scale_bias}, x))  # noqa: E731
+    assert run.config.model.layer_norm_epsilon == theirs.eps == 1e-5
+    assert np.abs(ours(run.config.model.layer_norm_epsilon) - expected).max() < TOLERANCE
+    moved = np.abs(ours(1e-6) - expected).max()  # fxformer's default
+    print(f"epsilon 1e-6 for 1e-5: largest difference {moved:.2e}")
+    assert moved >= 10 * TOLERANCE
+
+
+def run_command(monkeypatch, capsys, module: str, *argv: str) -> str:
+    """`python -m fxformer.<module> argv` in this process: its standard output."""
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    capsys.readouterr()
+    importlib.import_module(f"fxformer.{module}").main()
+    return capsys.readouterr().out
+
+
+def test_the_commands_translate_evaluate_and_draw_a_marian_directory_writing_only_under_out(
+    marian, tmp_path, monkeypatch, capsys
+):
+    path, model, tokenizer = marian
+    sources, references = [s for s, _ in PAIRS[:12]], [t for _, t in PAIRS[:12]]
+    (tmp_path / "test.en").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "test.de").write_text("".join(t + "\n" for t in references))
+    out = tmp_path / "evals"
+    run = fxformer.load(path)
+    with left_as_is(path):
+        translated = run_command(
+            monkeypatch, capsys, "translate", f"--workdir={path}", f"--input={tmp_path / 'test.en'}"
+        )
+        assert translated.splitlines() == run.translate(sources)
+        files = [f"--source_file={tmp_path / 'test.en'}", f"--reference_file={tmp_path / 'test.de'}"]
+        run_command(monkeypatch, capsys, "evaluate", f"--workdir={path}", *files, f"--out={out}")
+        drawn = run_command(
+            monkeypatch, capsys, "attention_maps", f"--workdir={path}", "--source=the dog sleeps.", f"--out={out}"
+        )
+    result = json.loads((out / "test.en-imported.json").read_text())
+    hypotheses = (out / "test.en-imported.hyp.txt").read_text().splitlines()
+    assert hypotheses == translated.splitlines()
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=1e-9)
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score, abs=1e-9)
+    theirs = [their_log_probs(model, tokenizer, s, t) for s, t in zip(sources, references)]
+    ppl = math.exp(-sum(t.sum() for t in theirs) / sum(len(t) for t in theirs))  # transformers' per-token perplexity
+    assert result["ppl"] == pytest.approx(ppl, rel=1e-4) and result["num_sentences"] == 12
+    folder = out / "the-dog-sleeps-imported"
+    assert f"written in {folder}" in drawn and (folder / "cross.png").stat().st_size > 0
+
+
+def test_what_the_commands_cannot_do_with_a_marian_directory_is_one_sentence(marian, tmp_path, monkeypatch):
+    from fxformer import attention_maps, evaluate, plot
+
+    path, _, _ = marian
+    (tmp_path / "a.en").write_text("the dog.\n")
+    (tmp_path / "a.de").write_text("der Hund.\n")
+    files = [f"--source_file={tmp_path / 'a.en'}", f"--reference_file={tmp_path / 'a.de'}"]
+    cases = [
+        (evaluate.main, [*files], "is an imported model, whose directory is not written to: give --out=DIR"),
+        (evaluate.main, [f"--out={tmp_path / 'o'}"], "is an imported model with no data splits: give --source_file"),
+        (evaluate.main, [*files, f"--out={tmp_path / 'o'}", "--step=best"], "has no steps to choose or average"),
+        (attention_maps.main, ["--source=the dog."], "is an imported model, whose directory is not written to"),
+        (plot.main, [], "has no training curves to plot"),
+    ]
+    for main, flags, message in cases:
+        assert message in refused_in_process(monkeypatch, main, [f"--workdir={path}", *flags], path, tmp_path / "o")
+
+
+def damaged(path, tmp_path, name: str, change) -> Path:
+    """A copy of the Marian directory `path` with one file changed (`change(bytes) -> bytes`)."""
+    copy = tmp_path / name
+    copy.mkdir()
+    for f in path.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    (copy / change[0]).write_bytes(change[1]((copy / change[0]).read_bytes()))
+    return copy
+
+
+def without(field: str):
+    return lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != field}).encode()
+
+
+def test_damaged_files_are_refused_in_one_sentence_with_nothing_written(marian, tmp_path, monkeypatch):
+    from fxformer import evaluate
+
+    path, _, _ = marian
+    vocab = json.loads((path / "vocab.json").read_text())
+    cases = {
+        "truncated": (("model.safetensors", lambda b: b[: len(b) // 2]), "model.safetensors is unreadable"),
+        "no-field": (("config.json", without("d_model")), "config.json has no d_model"),
+        "vocab": (
+            ("vocab.json", lambda b: json.dumps({**vocab, "extra": len(vocab)}).encode()),
+            f"vocab.json holds {len(vocab) + 1} pieces, config.json's vocab_size is {len(vocab)}",
+        ),
+    }
+    (tmp_path / "a.en").write_text("the dog.\n")
+    (tmp_path / "a.de").write_text("der Hund.\n")
+    out = tmp_path / "out"
+    for name, (change, message) in cases.items():
+        copy = damaged(path, tmp_path, name, change)
+        flags = [f"--workdir={copy}", f"--source_file={tmp_path / 'a.en'}", f"--reference_file={tmp_path / 'a.de'}"]
+        refused = refused_in_process(monkeypatch, evaluate.main, [*flags, f"--out={out}"], copy, out)
+        print(f"{name}: {refused}")
+        assert message in refused, refused
+    done = run_module("fxformer.evaluate", *flags, f"--out={out}")  # the last one, as a user's shell sees it
+    assert done.returncode == 2 and not out.exists()
+    assert done.stderr.strip().splitlines()[-1].endswith("they belong to different models."), done.stderr

@@ -60,8 +60,8 @@ def tokenize_fn(tokenizer: Tokenizer, source_lang: str, target_lang: str):
     def tokenize(record: dict) -> dict:
         text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
         return {
-            "inputs": tokenizer.encode(text(record[source_lang])),
-            "targets": tokenizer.encode(text(record[target_lang])),
+            "inputs": tokenizer.encode_source(text(record[source_lang])),
+            "targets": tokenizer.encode_target(text(record[target_lang])),
         }
 
     return tokenize
@@ -172,6 +172,13 @@ def tokenize_split(source, tokenizer: Tokenizer, data: ml_collections.ConfigDict
     tokenize = tokenize_fn(tokenizer, data.source_lang, data.target_lang)
     n = len(source) if limit <= 0 else min(limit, len(source))
     return [tokenize(source[i]) for i in range(n)]
+
+
+def tokenize_pairs(tokenizer: Tokenizer, sources: list[str], targets: list[str]) -> list[dict]:
+    """Sentence pairs as examples {'inputs': ids, 'targets': ids}, each ending in EOS, in order."""
+    return [
+        {"inputs": tokenizer.encode_source(s), "targets": tokenizer.encode_target(t)} for s, t in zip(sources, targets)
+    ]
 
 
 def references(source, data: ml_collections.ConfigDict, limit: int = 0) -> list[str]:
