@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 import time
 
 from fxformer import paths
@@ -124,10 +125,26 @@ class _EpathEventFiles:
         paths.as_path(path).mkdir(parents=True, exist_ok=True)
 
 
+def import_tensorboardx() -> None:
+    """tensorboardX imported without torch: where torch is installed tensorboardX imports it (2 s
+    on a 2-core CPU, in every training process) for the tensor type it accepts, which fxformer never
+    passes it; torch is hidden from it while it is imported (unless this process imported torch
+    already), and can be imported as usual afterwards."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX takes NumPy alone
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        if hide:
+            del sys.modules["torch"]
+
+
 def register_url_writers() -> None:
     """TensorBoard event files for gs:// and s3:// workdirs through etils.epath, instead of
     tensorboardX's own clients, so every URL goes through one library (done by the first
     MetricWriter, not at import)."""
+    import_tensorboardx()
     from tensorboardX import record_writer
 
     for scheme in ("gs", "s3"):
