@@ -252,7 +252,7 @@ class Runs:
 
     def data_ready(self, running: dict) -> bool:
         """Whether the runs going now are past preparing their data (their workdir holds the tokenizer)."""
-        return all(self.ctx.workdir(rep).tokenizer.exists() for rep in running.values())
+        return all(self.ctx.workdir(rep).has_tokenizer() for rep in running.values())
 
     def _on_signal(self, signum, frame) -> None:
         say(f"{signal.Signals(signum).name}: asking every running row to save and stop")

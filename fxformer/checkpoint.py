@@ -253,12 +253,18 @@ def kept_params(
 ) -> tuple[dict, dict]:
     """Parameters and description of parameters kept apart from training (`save_params`): an
     average of training checkpoints (`W/averaged/last<k>`, kind "averaged", a cache) or the best
-    by dev metric (`W/best`, kind "best", which nothing else holds)."""
+    by dev metric (`W/best`, kind "best", which nothing else holds), or the parameters a fine-tuning
+    run starts from (`W/imported`, kind "imported")."""
     args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
     try:
         out = manager.restore(step, args=args)
     except Exception as e:
         where = f"{manager.directory}/{step}"
+        if kind == "imported":
+            raise UserError(
+                f"The imported parameters {where} are unreadable ({type(e).__name__}): import the model again "
+                "into a new workdir (python -m fxformer.importing)."
+            ) from None
         if kind == "best":
             raise UserError(
                 f"The best checkpoint {where} is unreadable ({type(e).__name__}); nothing else holds those parameters: "
@@ -395,6 +401,12 @@ def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dic
         params, meta = kept_params(manager, step, abstract_params, kind="best")
     log(f"best checkpoint: step {step}, {meta['metric']} {meta['value']:.4g}")
     return params, [step]
+
+
+def imported_params(workdir: paths.Workdir, abstract_params) -> dict:
+    """The parameters a run fine-tuning an imported model starts from (`W/imported/0`)."""
+    with open_manager(workdir.imported, asynchronous=False) as manager:
+        return kept_params(manager, 0, abstract_params, kind="imported")[0]
 
 
 def averaged(workdir: paths.Workdir, manager, steps: list[int], abstract_params, log=print, keep: bool = True):

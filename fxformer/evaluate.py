@@ -44,7 +44,8 @@ def score_file(hypotheses_file: str, test: evaluation.TestSet) -> dict:
     return {**evaluation.scores(hypotheses, test.references), "num_sentences": n, "split": test.name}
 
 
-def main() -> None:
+def parser():
+    """The command's flags: the shared ones of a trained run, the test set, where results go."""
     p = inferflags.parser(__doc__, "fxformer.evaluate")
     p.add_argument(
         "--split",
@@ -72,7 +73,13 @@ def main() -> None:
         "reads the split (that of the .ref.txt any evaluation writes; for TFDS's WMT splits not the official "
         "file's order)",
     )
-    args = inferflags.parse(p)
+    return p
+
+
+def test_sets(args, run_dir: paths.Workdir | str) -> list:
+    """What --split, --source_file and --reference_file ask for: split names, or one (source,
+    reference) pair of files (read now, not after the restore); refused in one sentence where the
+    flags, or an imported model, cannot take them."""
     files = (args.source_file, args.reference_file)
     if any(files) and not all(files):
         raise UserError("A test set of text files takes both --source_file=FILE and --reference_file=FILE.")
@@ -83,27 +90,37 @@ def main() -> None:
         )
     if args.hypotheses and len(splits) > 1:
         raise UserError(f"--hypotheses scores one split's translations, not {len(splits)}; give one --split.")
-    run_dir = inferflags.trained_run(args.workdir)
-    out = args.out or None
     if not isinstance(run_dir, paths.Workdir) and not all(files):
         raise UserError(
             f"{run_dir} is an imported model with no data splits: give --source_file=FILE --reference_file=FILE."
         )
-    if not isinstance(run_dir, paths.Workdir) and out is None and not args.hypotheses:
+    if not isinstance(run_dir, paths.Workdir) and not args.out and not args.hypotheses:
         raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
-    say = parallel.print_once
-    if all(files):  # read now, not after the restore
+    if all(files):
         evaluation.file_test_set(*files, limit=args.limit)
+    return splits
+
+
+def score_hypotheses(args, run_dir, test_set, say) -> None:
+    """--hypotheses: the file scored against the test set's references, printed."""
+    if isinstance(test_set, tuple):
+        test = evaluation.file_test_set(*test_set, limit=args.limit)
+    else:
+        test = evaluation.split_test_set(load_workdir_config(run_dir), test_set, args.limit, log=say)
+    r = score_file(args.hypotheses, test)
+    say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
+    say(r["sacrebleu"])
+    say(f"sacreBLEU signature: {r['signature']}")
+    say(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}")
+
+
+def main() -> None:
+    args = inferflags.parse(parser())
+    run_dir = inferflags.trained_run(args.workdir)
+    splits = test_sets(args, run_dir)
+    say = parallel.print_once
     if args.hypotheses:
-        if all(files):
-            test = evaluation.file_test_set(*files, limit=args.limit)
-        else:
-            test = evaluation.split_test_set(load_workdir_config(run_dir), args.split, args.limit, log=say)
-        r = score_file(args.hypotheses, test)
-        say(f"{r['split']}: {r['num_sentences']:,} sentences of {args.hypotheses}")
-        say(r["sacrebleu"])
-        say(f"sacreBLEU signature: {r['signature']}")
-        say(f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}")
+        score_hypotheses(args, run_dir, splits[0], say)
         return
 
     def report(r: dict) -> None:
@@ -113,6 +130,7 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
+    out = args.out or None
     evaluation.check_writable(out or run_dir.eval)  # before the restore: the results are written at the end
     run = api.load(run_dir, args.step, args.average_last, args.overrides, say)
     if len(splits) > 1:  # every split checked before the first is decoded

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from fxformer import checkpoint, configfile, decode, marian, optim, parallel, paths, schema, trainstate
 from fxformer.config import DecodeOptions, load_workdir_config, resolve_derived, validate
 from fxformer.data import corpora, pipeline, tokenized
-from fxformer.data.tokenizer import Tokenizer
+from fxformer.data.tokenizer import Tokenizer, workdir_tokenizer
 from fxformer.errors import UserError
 from fxformer.metrics import per_token
 from fxformer.model import Transformer, TransformerConfig, default_segmentation, grow_cache
@@ -88,9 +88,9 @@ def restore(
     config = configfile.apply_decode_overrides(trained.copy_and_resolve_references(), overrides, workdir)
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
-    if not workdir.tokenizer.exists():
+    tokenizer = workdir_tokenizer(workdir)
+    if tokenizer is None:
         raise UserError(f"{workdir} has no tokenizer.model; is it a training workdir?")
-    tokenizer = Tokenizer(workdir.tokenizer)
     mesh = parallel.data_mesh()
     model = trainstate.model_of(config, tokenizer.vocab_size)
     abstract_params = trainstate.abstract_params(model, mesh)

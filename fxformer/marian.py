@@ -9,9 +9,11 @@ The ids differ too: Marian has `</s>`, `<unk>` and `<pad>` where it likes (`<pad
 OPUS-MT models) and starts the decoder from `<pad>`; fxformer's are fixed (pad 0, unk 1, bos 2,
 eos 3, `fxformer.tokens`). The import reorders the vocabulary's rows, an exact permutation:
 fxformer's row i is Marian's row `rows[i]`, the special rows first, the rest in Marian's order.
-Where the decoder starts from `<pad>`, fxformer's bos row is a copy of the pad row whose logit gets
-the bias `ABSENT` (its probability is exactly 0 in float32), so the softmax spans Marian's
-vocabulary once.
+Where the decoder starts from `<pad>`, fxformer's bos row is a copy of the pad row whose logit is
+lowered by `ABSENT` (30: its probability is at most e^-30, 1e-13, of the pad row's, below what a
+float32 sum resolves), so the softmax spans Marian's vocabulary once. A finite margin, not minus
+infinity: fine-tuning smooths its labels over every row, this one included, as it does for
+fxformer's own pad and bos rows, and the loss stays finite.
 
 Weights are read with safetensors into NumPy, never through a pickle (`pytorch_model.bin` runs code
 when loaded: it is refused, with the fix).
@@ -28,8 +30,9 @@ import sentencepiece as spm
 from fxformer.errors import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, UNK_ID, text_ids
 
-ABSENT = -1e4  # the logit bias of a row Marian does not have: exp(ABSENT - max) is 0 in float32
+ABSENT = -30.0  # the bos row's logit, below the pad row's it copies: e^-30 of its probability
 FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json")
+TOKENIZER_FILES = ("config.json", "source.spm", "target.spm", "vocab.json")  # a fine-tuned run keeps them
 PICKLES = ("pytorch_model.bin", "model.pt", "model.ckpt")
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}  # transformers' name -> ours
 NEEDED = (  # config.json fields the import reads
@@ -122,30 +125,36 @@ class MarianTokenizer:
     (pieces -> Marian ids -> fxformer's rows); `encode_source` and `encode_target` append EOS.
     A leading `>>xx<<` target-language token stays one token, as transformers keeps it."""
 
-    def __init__(self, path: Path, rows: np.ndarray):
-        self.path = path
-        self.source_sp = spm.SentencePieceProcessor(model_file=str(path / "source.spm"))
-        self.target_sp = spm.SentencePieceProcessor(model_file=str(path / "target.spm"))
-        self.proto = b"".join((path / f).read_bytes() for f in ("source.spm", "target.spm", "vocab.json"))
-        vocab = json.loads((path / "vocab.json").read_text())
+    def __init__(self, path, rows: np.ndarray):
+        self.path = path  # read through its path object: a gs:// workdir's copy works too
+        source, target, vocab = ((path / f).read_bytes() for f in TOKENIZER_FILES[1:])
+        self.source_sp = spm.SentencePieceProcessor(model_proto=source)
+        self.target_sp = spm.SentencePieceProcessor(model_proto=target)
+        self.proto = source + target + vocab  # what names the stored token ids (`fxformer.data.tokenized`)
+        vocab = json.loads(vocab)
         ours = np.empty(max(len(vocab), int(rows.max()) + 1), np.int64)
         ours[rows[::-1]] = np.arange(len(rows))[::-1]  # a duplicated Marian row maps to its first fxformer id
         self.ids = {piece: int(ours[i]) for piece, i in vocab.items()}
         self.pieces = {fx: piece for piece, fx in self.ids.items()}
         self.vocab_size = len(rows)
 
-    def _encode(self, sp, text: str) -> np.ndarray:
+    def _encode(self, sp, text: str) -> list[int]:
         code = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[: end + 2]], text[end + 2 :]
         pieces = code + sp.encode(text, out_type=str)
-        return np.asarray([self.ids.get(p, UNK_ID) for p in pieces] + [EOS_ID], np.int32)
+        return [self.ids.get(p, UNK_ID) for p in pieces] + [EOS_ID]
 
     def encode_source(self, text: str) -> np.ndarray:
-        return self._encode(self.source_sp, text)
+        return np.asarray(self._encode(self.source_sp, text), np.int32)
 
     def encode_target(self, text: str) -> np.ndarray:
-        return self._encode(self.target_sp, text)
+        return np.asarray(self._encode(self.target_sp, text), np.int32)
+
+    def encode_many(self, texts: list[str], side: str) -> list[list[int]]:
+        """Texts of one side ("inputs": sources, "targets": targets) -> id lists ending in EOS."""
+        sp = self.source_sp if side == "inputs" else self.target_sp
+        return [self._encode(sp, text) for text in texts]
 
     def piece(self, i: int) -> str:
         return "<s>" if i == BOS_ID else self.pieces.get(int(i), "<unk>")
@@ -211,7 +220,7 @@ def params_of(w: dict, hf: dict, rows: np.ndarray, absent: bool) -> tuple[dict, 
         raise UserError(f"model.safetensors has no shared embedding of [{hf['vocab_size']}, {hf['d_model']}].")
     bias = w.get("final_logits_bias", np.zeros((1, hf["vocab_size"]), np.float32)).reshape(-1)[rows].copy()
     if absent:
-        bias[BOS_ID] = ABSENT
+        bias[BOS_ID] += ABSENT
     embed = {"embedding": shared[rows]}
     with_bias = absent or bool(np.any(bias))
     if with_bias:
@@ -244,6 +253,14 @@ def embedding_size_check(path: Path, vocab: dict, hf: dict) -> None:
             f"{path / 'vocab.json'} holds {len(vocab):,} pieces, config.json's vocab_size is {hf['vocab_size']:,}: "
             "they belong to different models."
         )
+
+
+def read_tokenizer(path) -> MarianTokenizer:
+    """The tokenizer of a Marian directory, or of the copy of its tokenizer files in a workdir
+    (`W/marian/`): local or a URL."""
+    hf = json.loads((path / "config.json").read_text())
+    vocab = json.loads((path / "vocab.json").read_text())
+    return MarianTokenizer(path, special_rows(hf, vocab)[0])
 
 
 def read(path) -> tuple[dict, dict, MarianTokenizer]:

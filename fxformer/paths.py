@@ -207,6 +207,21 @@ class Workdir:
         return self.root / "tokenizer.model"
 
     @property
+    def marian(self) -> epath.Path:
+        """A run fine-tuning a Marian model: its tokenizer files (config.json, source.spm,
+        target.spm, vocab.json), instead of tokenizer.model (`fxformer.importing`)."""
+        return self.root / "marian"
+
+    @property
+    def imported(self) -> epath.Path:
+        """A run fine-tuning an imported model: the parameters its first step starts from."""
+        return self.root / "imported"
+
+    def has_tokenizer(self) -> bool:
+        """Whether the run keeps its tokenizer: tokenizer.model, or an imported model's files."""
+        return self.tokenizer.exists() or (self.marian / "vocab.json").exists()
+
+    @property
     def checkpoints(self) -> epath.Path:
         """Training checkpoints, one orbax step directory each."""
         return self.root / "checkpoints"
@@ -255,9 +270,9 @@ class Workdir:
 
     def removed(self) -> bool:
         """Whether the workdir of a running training was removed: every process of a run finds
-        tokenizer.model there before its first step and never writes it again, so a workdir that
+        its tokenizer there before its first step and never writes it again, so a workdir that
         lacks it was removed under the run (what is there now, the run's own later writes recreated)."""
-        return not self.tokenizer.exists()
+        return not self.has_tokenizer()
 
     @property
     def sweep_status(self) -> epath.Path:

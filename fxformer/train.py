@@ -229,6 +229,9 @@ def start(config: ml_collections.ConfigDict, workdir: paths.Workdir, log, stop: 
     batches = parallel.GlobalBatches(mesh, iter(train_ds), config.data.device_prefetch, rows)
     dev = inference.DevEvaluation.of(config, model, mesh, (builder, tokenizer, ids), log=log)
     fresh = trainstate.fresh_state(model, tx, config.seed, parallel.replicated(mesh))  # where no checkpoint is
+    if workdir.imported.exists():  # fine-tuning an imported model (`fxformer.importing`): its parameters first
+        params = lambda: checkpoint.imported_params(workdir, abstract_state.params)  # noqa: E731
+        fresh = trainstate.imported_state(fresh, tx, params)
     manager, state, start_step = lifecycle.restore_or_start(config, workdir, abstract_state, batches, fresh, log=log)
     stop.training()
     info = lifecycle.describe(

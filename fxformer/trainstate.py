@@ -44,6 +44,18 @@ def fresh_state(model: Transformer, tx: optax.GradientTransformation, seed: int,
     return jax.jit(functools.partial(create_state, model, tx, seed), out_shardings=sharding)
 
 
+def imported_state(fresh, tx: optax.GradientTransformation, params_of):
+    """`fresh` (`fresh_state`) with the parameters `params_of()` gives instead of its random ones, and
+    Adam's moments fresh for them: the first state of a run fine-tuning an imported model."""
+
+    def start() -> TrainState:
+        state = fresh()
+        params = params_of()
+        return state.replace(params=params, opt_state=jax.jit(tx.init)(params))
+
+    return start
+
+
 def model_of(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
     """The Transformer a run's config describes, over a vocabulary of `vocab_size`."""
     return Transformer(TransformerConfig.from_config(config.model, vocab_size))

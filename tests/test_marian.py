@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -23,14 +24,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
-from conftest import left_as_is, refused_in_process, run_module  # noqa: E402
+from conftest import SMALL_DATA, left_as_is, refused_in_process, run_module  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
 import fxformer  # noqa: E402
 from fxformer import marian as importer  # noqa: E402
 from fxformer import trainstate  # noqa: E402
 from fxformer.errors import UserError  # noqa: E402
-from fxformer.tokens import BOS_ID, EOS_ID  # noqa: E402
+from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 WORDS = {
     "en": "the a old young teacher boy girl dog cat house garden helped saw sleeps runs quickly with in on".split(),
@@ -192,9 +193,12 @@ def test_the_recipe_in_the_docs_runs_on_a_marian_directory(marian, tmp_path, mon
     recipes = re.findall(r"^```python interop\n(.*?)^```", page, re.S | re.M)
     assert recipes
     (tmp_path / "opus-mt-en-de").symlink_to(path)
+    (tmp_path / "test.en").write_text("".join(s + "\n" for s, _ in PAIRS[:6]))  # the user's test set
+    (tmp_path / "test.de").write_text("".join(t + "\n" for _, t in PAIRS[:6]))
     monkeypatch.chdir(tmp_path)
     for code in recipes:
         exec(compile(code, "docs/interop.md", "exec"), {})
+    assert json.loads((tmp_path / "evals" / "test.en-imported.json").read_text())["num_sentences"] == 6
 
 
 TOLERANCE = 1e-4  # of a per-token log-probability, float32
@@ -229,13 +233,13 @@ def test_each_difference_missed_moves_the_log_probabilities_ten_times_the_tolera
         "interleaved positions": broken(run, sinusoid_layout="interleaved"),
         "ReLU for swish": broken(run, activation="relu"),
         "the output bias dropped": broken(
-            run, with_embed(run.params, output_bias=jnp.where(bias == importer.ABSENT, bias, 0))
+            run, with_embed(run.params, output_bias=jnp.zeros_like(bias).at[BOS_ID].set(importer.ABSENT))
         ),
         "<pad> as id 0 (the decoder starting from </s>)": broken(
             run, with_embed(run.params, embedding=table.at[BOS_ID].set(table[EOS_ID]))
         ),
-        "the absent row's bias 0": broken(
-            run, with_embed(run.params, output_bias=jnp.where(bias == importer.ABSENT, 0, bias))
+        "the bos row's logit not lowered (pad counted twice)": broken(
+            run, with_embed(run.params, output_bias=bias.at[BOS_ID].set(bias[PAD_ID]))
         ),
     }
     assert largest_difference(run, model, tokenizer) < TOLERANCE
@@ -286,7 +290,13 @@ def test_the_commands_translate_evaluate_and_draw_a_marian_directory_writing_onl
         files = [f"--source_file={tmp_path / 'test.en'}", f"--reference_file={tmp_path / 'test.de'}"]
         run_command(monkeypatch, capsys, "evaluate", f"--workdir={path}", *files, f"--out={out}")
         drawn = run_command(
-            monkeypatch, capsys, "attention_maps", f"--workdir={path}", "--source=the dog sleeps.", f"--out={out}"
+            monkeypatch,
+            capsys,
+            "attention_maps",
+            f"--workdir={path}",
+            "--source=the dog sleeps.",
+            "--target=der Hund schläft.",
+            f"--out={out}",
         )
     result = json.loads((out / "test.en-imported.json").read_text())
     hypotheses = (out / "test.en-imported.hyp.txt").read_text().splitlines()
@@ -357,3 +367,152 @@ def test_damaged_files_are_refused_in_one_sentence_with_nothing_written(marian, 
     done = run_module("fxformer.evaluate", *flags, f"--out={out}")  # the last one, as a user's shell sees it
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.strip().splitlines()[-1].endswith("they belong to different models."), done.stderr
+
+
+def test_an_imported_model_fine_tunes_stops_resumes_and_evaluates_as_any_run(
+    marian, data_dir, corpus, tmp_path, monkeypatch
+):
+    """`fxformer.importing`, then training on the embedded corpus: 20 steps, stopped by a SIGTERM
+    after the 6th and resumed; the run starts from the imported parameters (Adam's small steps move
+    them a little, where a fresh start is far off), and evaluate reads it as any run."""
+    from fxformer import evaluation, importing, paths, train
+    from fxformer.config import load_workdir_config
+    from fxformer.lifecycle import StopRequest
+    from fxformer.model import init_params
+
+    path, _, _ = marian
+    workdir = paths.Workdir(tmp_path / "ft")
+    flags = {
+        **{f"data.{key}": value for key, value in SMALL_DATA.items()},
+        "data.tfds_data_dir": str(data_dir),
+        "num_train_steps": 20,
+        "warmup_steps": 20,
+        "learning_rate_scale": 0.1,  # a fine-tuning rate: a tenth of the paper's schedule
+        "log_every_steps": 1,
+        "eval_every_steps": 1000,
+        "checkpoint_every_steps": 1000,
+        "checkpoint_every_minutes": 1000.0,
+        "decode.max_extra": 10,
+        "model.dropout_rate": 0.0,  # the command line may set the rates
+    }
+    argv = [str(path), f"--workdir={workdir.root}", "--config=configs/default.py"]
+    argv += [f"--config.{key}={value}" for key, value in flags.items()]
+    refused = refused_in_process(
+        monkeypatch, importing.main, [*argv, "--config.model.d_model=64"], path, tmp_path / "ft"
+    )
+    assert "--config.model.d_model is the imported model's (config.json)" in refused
+    monkeypatch.setattr(sys, "argv", ["importing", *argv])
+    with left_as_is(path):
+        importing.main()
+    config = load_workdir_config(workdir)
+    assert (config.model.activation, config.model.sinusoid_layout, config.model.layer_norm_epsilon) == (
+        "swish",
+        "halves",
+        1e-5,
+    )
+    assert config.model.dropout_rate == 0.0 and config.learning_rate_scale == 0.1
+    imported = fxformer.load(path)
+
+    stop = StopRequest()
+
+    def log(*args, **kwargs):  # a SIGTERM, as a scheduler sends it, after the 6th step
+        if args and str(args[0]).startswith("step 6/"):
+            stop._handle(signal.SIGTERM, None)
+
+    try:
+        stopped = train.train_and_evaluate(config, workdir, log=log, stop=stop)
+    finally:
+        stop.uninstall()
+    saved = workdir.checkpoint_steps()
+    assert not stopped.finished and saved and 6 <= saved[-1] < 20, saved
+
+    def farthest(a, b) -> float:
+        return max(
+            float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        )
+
+    moved = farthest(fxformer.load(workdir, step=saved[-1]).params, imported.params)
+    fresh = farthest(init_params(imported.restored.model, jax.random.key(config.seed)), imported.params)
+    print(f"stopped at step {saved[-1]}: parameters {moved:.2e} from the imported ones (a fresh start: {fresh:.2f})")
+    assert 0 < moved < 0.05 < 0.5 < fresh
+
+    resumed = train.train_and_evaluate(config, workdir, log=lambda *a, **k: None)
+    assert resumed.finished and workdir.checkpoint_steps()[-1] == 20
+    run = fxformer.load(workdir)
+    assert type(run.tokenizer).__name__ == "MarianTokenizer" and run.steps == [20]
+    result = run.evaluate("test", limit=8)
+    test = evaluation.split_test_set(run.config, "test", 8, log=lambda *a: None)
+    scores = run.score(test.sources, test.references)
+    ppl = math.exp(-sum(s.log_prob for s in scores) / sum(s.tokens for s in scores))
+    assert result["num_sentences"] == 8 and result["ppl"] == pytest.approx(ppl, rel=1e-4)
+    assert Path(result["path"]).parent == workdir.root / "eval"
+
+
+def their_sequence_log_prob(model, source: list[int], target: list[int]) -> float:
+    """transformers' summed log-probability of Marian ids `target` (ending in </s>) given `source`."""
+    labels = torch.tensor([target])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source]), labels=labels).logits[0]
+    return float(torch.log_softmax(logits.double(), -1).gather(-1, labels[0][:, None]).sum())
+
+
+def our_sequence_log_probs(run, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+    """fxformer's summed log-probability of each target (its ids, ending in EOS) given its source,
+    the pairs padded into one batch."""
+    pad = lambda rows: np.asarray([r + [PAD_ID] * (max(map(len, rows)) - len(r)) for r in rows])  # noqa: E731
+    sources, targets = pad([s for s, _ in pairs]), pad([t for _, t in pairs])
+    logits = jax.jit(run.restored.model.apply)({"params": run.params}, sources, targets)
+    log_probs = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), -1))
+    picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    return [float(row[: len(t)].sum()) for row, (_, t) in zip(picked, pairs)]
+
+
+def test_beam_search_finds_hypotheses_scoring_at_least_as_high_as_transformers(marian):
+    """Beam 4 without length normalisation on both sides (fxformer alpha 0; transformers
+    length_penalty 0), compared as token sequences: the share of identical best hypotheses is
+    printed; where they differ, both implementations score both hypotheses alike (within 1e-3 for a
+    sum), and fxformer's scores at least as high as transformers' pick."""
+    from fxformer import inference
+    from fxformer.config import DecodeOptions
+
+    path, model, tokenizer = marian
+    run = fxformer.load(path)
+    options = DecodeOptions.of({**run.config.decode.to_dict(), "beam_size": 4, "alpha": 0.0, "max_extra": 10})
+    to_ours = lambda ids: [run.tokenizer.ids[p] for p in tokenizer.convert_ids_to_tokens(ids)]  # noqa: E731
+    to_theirs = lambda ids: tokenizer.convert_tokens_to_ids([run.tokenizer.pieces[i] for i in ids])  # noqa: E731
+    sources = [s for s, _ in PAIRS[:20]]
+    encoded = [run.tokenizer.encode_source(s).tolist() for s in sources]
+    padded = np.asarray([e + [PAD_ID] * (max(map(len, encoded)) - len(e)) for e in encoded])
+    search = jax.jit(lambda params, inputs: inference.search(run.restored.model.config, params, inputs, options))
+    outputs, scores = jax.device_get(search(run.params, padded))  # one batch, as the commands search
+    picks = []
+    for source, ours_source, row in zip(sources, encoded, outputs[:, 0].tolist()):
+        theirs_source = tokenizer(source)["input_ids"]
+        assert to_ours(theirs_source) == ours_source
+        ours = row[: row.index(EOS_ID) + 1] if EOS_ID in row else [t for t in row if t != PAD_ID]  # at the limit
+        with torch.no_grad():
+            generated = model.generate(
+                torch.tensor([theirs_source]),
+                num_beams=4,
+                length_penalty=0.0,
+                do_sample=False,
+                max_new_tokens=len(theirs_source) + 10,  # fxformer's limit: the source's tokens + max_extra
+                forced_eos_token_id=None,
+                bad_words_ids=[[model.config.pad_token_id]],  # fxformer never emits <pad>
+            )[0].tolist()
+        picks.append((ours_source, theirs_source, ours, to_ours(generated[1:])))  # after the decoder's start
+    ours_scores = our_sequence_log_probs(run, [(s, ours) for s, _, ours, _ in picks])
+    assert np.allclose(scores[:, 0], ours_scores, atol=1e-3)  # alpha 0: the search's score is log p
+    differ = [p for p in picks if p[2] != p[3]]
+    same = len(picks) - len(differ)
+    for ours_source, theirs_source, ours, theirs in differ:
+        ours_by = our_sequence_log_probs(run, [(ours_source, ours), (ours_source, theirs)])
+        theirs_by = [their_sequence_log_prob(model, theirs_source, to_theirs(t)) for t in (ours, theirs)]
+        print(
+            f"  differ: fxformer's pick {ours_by[0]:.4f} (transformers: {theirs_by[0]:.4f}), transformers' "
+            f"{ours_by[1]:.4f} (transformers: {theirs_by[1]:.4f})"
+        )
+        assert ours_by == pytest.approx(theirs_by, abs=1e-3)
+        assert ours_by[0] >= ours_by[1] - 1e-3
+    print(f"beam 4: {same} of {len(picks)} best hypotheses identical")
+    assert same >= len(picks) // 2

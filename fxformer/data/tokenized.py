@@ -25,7 +25,6 @@ import numpy as np
 
 from fxformer import paths
 from fxformer.data.tokenizer import Tokenizer
-from fxformer.tokens import EOS_ID
 
 SIDES = ("inputs", "targets")
 READ_CHUNK = 8192  # records read (and encoded) at a time while building
@@ -69,11 +68,6 @@ class Split:
         return [{"inputs": self.inputs.example(i), "targets": self.targets.example(i)} for i in range(n)]
 
 
-def _encode_side(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Texts -> id lists ending in EOS, encoded as a batch (sentencepiece's own threads)."""
-    return [ids + [EOS_ID] for ids in tokenizer.sp.encode(texts, num_threads=2)]
-
-
 def _flat(pieces: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -90,7 +84,7 @@ def build_split(source, tokenizer: Tokenizer, source_lang: str, target_lang: str
         records = source.__getitems__(list(range(start, min(start + READ_CHUNK, len(source)))))
         for side, lang in zip(SIDES, (source_lang, target_lang)):
             texts = [r[lang].decode("utf-8") if isinstance(r[lang], bytes) else str(r[lang]) for r in records]
-            pieces[side] += _encode_side(tokenizer, texts)
+            pieces[side] += tokenizer.encode_many(texts, side)
         if time.time() - last > 10:
             last, done = time.time(), start + len(records)
             eta = (time.time() - started) / done * (len(source) - done)

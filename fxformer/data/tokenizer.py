@@ -15,7 +15,7 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-from fxformer import paths
+from fxformer import marian, paths
 from fxformer.data import corpora
 from fxformer.errors import UserError
 from fxformer.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID, text_ids
@@ -44,6 +44,11 @@ class Tokenizer:
 
     # One model for both sides; an imported Marian model has one per side (`fxformer.marian`).
     encode_source = encode_target = encode
+
+    def encode_many(self, texts: list[str], side: str = "inputs") -> list[list[int]]:
+        """Texts -> id lists ending in EOS, encoded as a batch (sentencepiece's own threads); one
+        model for both sides ("inputs", "targets")."""
+        return [ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=2)]
 
     def piece(self, i: int) -> str:
         """The wordpiece of id `i`."""
@@ -109,6 +114,14 @@ def cached_tokenizer(
     return Tokenizer(cache_path)
 
 
+def workdir_tokenizer(workdir: paths.Workdir):
+    """The tokenizer a workdir keeps: `W/tokenizer.model`, or the files of the Marian model it was
+    imported from (`W/marian/`, `fxformer.importing`); None before training made one."""
+    if (workdir.marian / "vocab.json").exists():
+        return marian.read_tokenizer(workdir.marian)
+    return Tokenizer(workdir.tokenizer) if workdir.tokenizer.exists() else None
+
+
 def tokenizer_for(
     data: ml_collections.ConfigDict, builder, workdir: paths.Workdir | None = None, log=print
 ) -> Tokenizer:
@@ -116,8 +129,8 @@ def tokenizer_for(
 
     A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
     """
-    if workdir is not None and (copy := workdir.tokenizer).exists():
-        return Tokenizer(copy)
+    if workdir is not None and (kept := workdir_tokenizer(workdir)) is not None:
+        return kept
     source = corpora.data_source(builder, data.train_split)
 
     def sentences():
