@@ -29,15 +29,19 @@ from fxformer.errors import UserError
 DROPOUTS = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")  # the run may change these
 
 
-def imported_config(config, fields: dict, overridden: set[str], vocab_size: int):
-    """`config` (--config and its overrides) with the imported model's fields in its model section;
-    the dropout rates the command line set are kept, any other model field it set is refused."""
+def check_overrides(overridden: set[str], fields) -> None:
+    """Refuse, in one sentence, an override of a model field the import sets, but the dropout rates."""
     for key in sorted(overridden & {f"model.{name}" for name in fields}):
         if key.removeprefix("model.") not in DROPOUTS:
             raise UserError(
                 f"--config.{key} is the imported model's (config.json); only the dropout rates "
                 f"({', '.join(DROPOUTS)}) may be set for fine-tuning."
             )
+
+
+def imported_config(config, fields: dict, overridden: set[str], vocab_size: int):
+    """`config` (--config and its overrides) with the imported model's fields in its model section,
+    but the dropout rates the command line set."""
     config.model.update({k: v for k, v in fields.items() if f"model.{k}" not in overridden})
     config.data.vocab_size = vocab_size  # the imported vocabulary's, recorded (no tokenizer is trained)
     config.data.max_length = min(config.data.max_length, fields["max_len"])
@@ -71,6 +75,9 @@ def main() -> None:
     if workdir.root.exists() and any(workdir.root.iterdir()):
         raise UserError(f"{workdir} is not empty; import into a new --workdir.")
     overridden = {key for key, _ in configfile.overrides(p.parse_known_args()[1])}
+    check_overrides(
+        overridden, marian.model_fields(marian.read_config(source), 0, False)
+    )  # before the weights are read
     fields, params, tokenizer = marian.read(source)
     config = imported_config(config, fields, overridden, tokenizer.vocab_size)
     validate(config, jax.default_backend(), jax.process_count())

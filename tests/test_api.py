@@ -36,7 +36,7 @@ def test_translate_is_what_the_command_prints_for_the_same_input_and_options(tra
     assert fxformer.load(trained).translate(SENTENCES[0]) == fxformer.load(trained).translate(SENTENCES)[0]
 
 
-def test_the_scores_of_a_split_give_the_perplexity_evaluate_reports(trained):
+def test_the_scores_of_a_split_give_the_perplexity_evaluate_reports(trained, tmp_path):
     run = fxformer.load(trained, step=4, average_last=1)
     data = run.config.data
     records = corpora.data_source(corpora.prepare(data, log=lambda *a: None), "validation")
@@ -49,6 +49,16 @@ def test_the_scores_of_a_split_give_the_perplexity_evaluate_reports(trained):
     reported = run.evaluate("validation", limit=n)
     assert reported["num_sentences"] == n and Path(reported["path"]).is_file()
     assert ppl == pytest.approx(reported["ppl"], rel=1e-6)
+    # the same pairs as two text files, evaluated into a folder of one's own: the same scores, W/eval/ untouched
+    (tmp_path / "dev.en").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "dev.de").write_text("".join(t + "\n" for t in targets))
+    before = sorted(p.name for p in (trained / "eval").iterdir())
+    files = run.evaluate((str(tmp_path / "dev.en"), str(tmp_path / "dev.de")), out=tmp_path / "mine")
+    assert (
+        Path(files["path"]) == tmp_path / "mine" / "dev.en-4.json"
+        and sorted(p.name for p in (trained / "eval").iterdir()) == before
+    )
+    assert (files["ppl"], files["bleu"], files["chrf"]) == (reported["ppl"], reported["bleu"], reported["chrf"])
     # each sentence's own: the log-softmax of the model's logits at its targets, computed here with NumPy
     logits = np.asarray(
         run.restored.model.apply(
