@@ -22,6 +22,8 @@ The choices, in one place:
 - A miss costs the compile and nothing else: an entry JAX cannot load (some CPUs reject entries
   written by an earlier process, an open JAX issue) is compiled again and a warning names it.
 - Clear it with `rm -r ~/.cache/fxformer/jax` (or the folder named); nothing else is kept there.
+  The test suite keeps its own, `~/.cache/fxformer/jax-tests`, with other settings (every program,
+  no size limit): JAX's size limit cannot evict entries written without it.
 """
 
 from __future__ import annotations
@@ -39,14 +41,19 @@ OFF = "off"
 ENV = "FXFORMER_COMPILATION_CACHE"
 
 
+def user_folder(name: str = "jax") -> str:
+    """`$XDG_CACHE_HOME/fxformer/<name>`, else `~/.cache/fxformer/<name>`: this user's own."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fxformer", name)
+
+
 def default_folder() -> str:
     """The folder the flag defaults to: `$FXFORMER_COMPILATION_CACHE`, `$JAX_COMPILATION_CACHE_DIR`,
-    else the per-user cache folder."""
+    else the per-user cache folder (`user_folder()`)."""
     for name in (ENV, "JAX_COMPILATION_CACHE_DIR"):
         if os.environ.get(name):
             return os.environ[name]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fxformer", "jax")
+    return user_folder()
 
 
 def add_flag(p) -> None:

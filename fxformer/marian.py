@@ -160,8 +160,11 @@ class MarianTokenizer:
         return "<s>" if i == BOS_ID else self.pieces.get(int(i), "<unk>")
 
     def decode(self, ids) -> str:
-        """Ids -> text with the target model, stopping at the first EOS and skipping pad and bos."""
-        return self.target_sp.decode_pieces([self.pieces.get(i, "<unk>") for i in text_ids(ids)])
+        """Ids -> text as transformers' `decode(ids, skip_special_tokens=True)` gives it: the target
+        model's pieces up to the first EOS, without pad, bos and unk; a piece the target model lacks
+        (both sides share the vocabulary) is kept as its text, each '▁' a space."""
+        pieces = [self.pieces[i] for i in text_ids(ids) if i != UNK_ID and i in self.pieces]
+        return self.target_sp.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 
 def read_weights(path: Path) -> dict[str, np.ndarray]:

@@ -14,17 +14,21 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 # A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
-# The commands' compilation cache (fxformer/compilecache.py: the per-user folder, or
-# $FXFORMER_COMPILATION_CACHE), on for the tests and every command they start, which inherit these
-# variables: the same tiny model is compiled by dozens of processes (identical programs, identical
-# results), and by the next run of the suite. Every program is kept, however fast it compiled,
-# and without JAX's size limit: with one, every write lists the whole folder, and the suite writes
-# thousands of entries (about 45 MB); the suite empties the folder itself past `TESTS_CACHE_MOST`.
+# A compilation cache (fxformer/compilecache.py) for the tests and every command they start, which
+# inherit these variables: the same tiny model is compiled by dozens of processes (identical
+# programs, identical results), and by the next run of the suite. Every program is kept, however
+# fast it compiled, and without JAX's size limit: with one, every write lists the whole folder, and
+# the suite writes thousands of entries (about 45 MB); the suite empties the folder itself past
+# `TESTS_CACHE_MOST`. Its own folder (`~/.cache/fxformer/jax-tests`), never the commands' (or
+# $FXFORMER_COMPILATION_CACHE): a command's size limit cannot evict entries written without one
+# (JAX warns and writes nothing), and the suite's emptying must not touch a user's cache.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
 from fxformer import compilecache  # noqa: E402  (imports no JAX)
 
+if os.environ.get(compilecache.ENV) != compilecache.OFF:
+    os.environ[compilecache.ENV] = compilecache.user_folder("jax-tests")
 TESTS_CACHE_MOST = 1 << 30
 _folder = compilecache.default_folder()
 if "PYTEST_XDIST_WORKER" not in os.environ and _folder != compilecache.OFF:  # pytest itself, once

@@ -516,3 +516,18 @@ def test_beam_search_finds_hypotheses_scoring_at_least_as_high_as_transformers(m
         assert ours_by[0] >= ours_by[1] - 1e-3
     print(f"beam 4: {same} of {len(picks)} best hypotheses identical")
     assert same >= len(picks) // 2
+
+
+def test_text_is_transformers_decode_for_every_kind_of_piece(marian):
+    """Target pieces, a piece only the source model has (the vocabulary is shared), <unk>, </s>."""
+    path, _, tokenizer = marian
+    run = fxformer.load(path)
+    target = spm.SentencePieceProcessor(model_file=str(path / "target.spm"))
+    known = {target.id_to_piece(i) for i in range(target.get_piece_size())}
+    source_only = next(p for p in tokenizer.get_vocab() if p not in known and not p.startswith("<"))
+    words = tokenizer("der Hund schläft im Garten")["input_ids"][:-1]
+    cases = [words, [*words[:2], tokenizer.convert_tokens_to_ids(source_only), *words[2:]], [1, *words, 1]]
+    for ids in cases:
+        theirs = tokenizer.decode([*ids, 0], skip_special_tokens=True)
+        ours = run.tokenizer.decode([run.tokenizer.ids[p] for p in tokenizer.convert_ids_to_tokens([*ids, 0])])
+        assert ours == theirs, (ids, ours, theirs)
