@@ -25,17 +25,21 @@ def make_importable(file: Path) -> None:
 
 
 def load_module(path: str):
-    """The Python module of the config file at `path` (its siblings in configs/ importable)."""
+    """The Python module of the config file at `path` (its siblings in configs/ importable), read
+    without writing its bytecode: a command leaves the folder of a config file as it found it."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"Config file '{path}' does not exist{where_configs_live(path)}.")
     make_importable(file)
     module_spec = importlib.util.spec_from_file_location(f"_fxformer_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ beside a user's config
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - a config file that does not even import
         raise UserError(f"Config file '{path}' failed to load: {type(e).__name__}: {e}.") from None
+    finally:
+        sys.dont_write_bytecode = writes
     return module
 
 
