@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 from conftest import refused_in_process, run_train  # noqa: E402
+from transformers_peer import their_greedy, their_log_probs  # noqa: E402
 
 import fxformer  # noqa: E402
 from fxformer import evaluation, export  # noqa: E402
@@ -61,11 +62,7 @@ def test_the_log_probabilities_are_transformers(exported):
     targets = run.translate(sources, strategy="greedy")
     largest = 0.0
     for source, target, score in zip(sources, targets, run.score(sources, targets)):
-        enc = tokenizer(source, text_target=target, return_tensors="pt")
-        with torch.no_grad():
-            logits = model(input_ids=enc["input_ids"], labels=enc["labels"]).logits[0]
-        theirs = torch.log_softmax(logits.double(), -1).gather(-1, enc["labels"][0][:, None]).sum().item()
-        largest = max(largest, abs(theirs - score.log_prob))
+        largest = max(largest, abs(their_log_probs(model, tokenizer, source, target).sum() - score.log_prob))
     print(f"largest summed log-probability difference over {len(sources)} sentences: {largest:.2e}")
     assert largest < 1e-3
 
@@ -75,17 +72,7 @@ def test_greedy_translations_are_transformers_generate(exported):
     max_extra = run.config.decode.max_extra
     ours = run.translate(sources, strategy="greedy")
     for source, translation in zip(sources, ours):
-        ids = tokenizer(source, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                num_beams=1,
-                do_sample=False,
-                max_new_tokens=ids.shape[1] + max_extra,  # fxformer's limit: the source's tokens + max_extra
-                forced_eos_token_id=None,
-                bad_words_ids=[[PAD_ID], [BOS_ID]],  # fxformer never emits them
-            )
-        assert translation == tokenizer.decode(out[0], skip_special_tokens=True), source
+        assert translation == their_greedy(model, tokenizer, source, max_extra, barred=[PAD_ID, BOS_ID]), source
     print(f"greedy: {len(ours)} sentences equal, {len(set(ours))} distinct")  # a barely trained model: few
 
 

@@ -26,6 +26,7 @@ import sacrebleu  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 from conftest import SMALL_DATA, left_as_is, refused_in_process, run_module  # noqa: E402
 from flax import linen as nn  # noqa: E402
+from transformers_peer import their_greedy, their_log_probs, their_search, their_token_log_probs  # noqa: E402
 
 import fxformer  # noqa: E402
 from fxformer import marian as importer  # noqa: E402
@@ -112,14 +113,6 @@ def marian(tmp_path_factory):
     return path, model, tokenizer
 
 
-def their_log_probs(model, tokenizer, source: str, target: str) -> np.ndarray:
-    enc = tokenizer(source, text_target=target, return_tensors="pt")
-    with torch.no_grad():
-        logits = model(input_ids=enc["input_ids"], labels=enc["labels"]).logits[0]
-    log_probs = torch.log_softmax(logits.double(), -1)
-    return log_probs.gather(-1, enc["labels"][0][:, None])[:, 0].numpy()
-
-
 def our_log_probs(run, pairs) -> list[np.ndarray]:
     """fxformer's per-token log-probabilities of each (source, target), the pairs padded into one batch."""
     inputs = [run.tokenizer.encode_source(s) for s, _ in pairs]
@@ -157,17 +150,7 @@ def test_greedy_translations_are_transformers_generate(marian):
     ours = run.translate(sources, strategy="greedy", max_extra=10)
     same = 0
     for source, translation in zip(sources, ours):
-        ids = tokenizer(source, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                num_beams=1,
-                do_sample=False,
-                max_new_tokens=ids.shape[1] + 10,  # fxformer's limit: the source's tokens + max_extra
-                forced_eos_token_id=None,
-                bad_words_ids=[[model.config.pad_token_id]],  # fxformer never emits <pad>
-            )
-        theirs = tokenizer.decode(out[0], skip_special_tokens=True)
+        theirs = their_greedy(model, tokenizer, source, 10, barred=[model.config.pad_token_id])  # never emitted
         same += translation == theirs
         assert translation == theirs, (source, translation, theirs)
     assert len(set(ours)) >= 10, ours  # the weights are wide enough that the outputs differ
@@ -448,14 +431,6 @@ def test_an_imported_model_fine_tunes_stops_resumes_and_evaluates_as_any_run(
     assert Path(result["path"]).parent == workdir.root / "eval"
 
 
-def their_sequence_log_prob(model, source: list[int], target: list[int]) -> float:
-    """transformers' summed log-probability of Marian ids `target` (ending in </s>) given `source`."""
-    labels = torch.tensor([target])
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([source]), labels=labels).logits[0]
-    return float(torch.log_softmax(logits.double(), -1).gather(-1, labels[0][:, None]).sum())
-
-
 def our_sequence_log_probs(run, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
     """fxformer's summed log-probability of each target (its ids, ending in EOS) given its source,
     the pairs padded into one batch."""
@@ -490,16 +465,7 @@ def test_beam_search_finds_hypotheses_scoring_at_least_as_high_as_transformers(m
         theirs_source = tokenizer(source)["input_ids"]
         assert to_ours(theirs_source) == ours_source
         ours = row[: row.index(EOS_ID) + 1] if EOS_ID in row else [t for t in row if t != PAD_ID]  # at the limit
-        with torch.no_grad():
-            generated = model.generate(
-                torch.tensor([theirs_source]),
-                num_beams=4,
-                length_penalty=0.0,
-                do_sample=False,
-                max_new_tokens=len(theirs_source) + 10,  # fxformer's limit: the source's tokens + max_extra
-                forced_eos_token_id=None,
-                bad_words_ids=[[model.config.pad_token_id]],  # fxformer never emits <pad>
-            )[0].tolist()
+        generated = their_search(model, theirs_source, 10, [model.config.pad_token_id], num_beams=4, length_penalty=0.0)
         picks.append((ours_source, theirs_source, ours, to_ours(generated[1:])))  # after the decoder's start
     ours_scores = our_sequence_log_probs(run, [(s, ours) for s, _, ours, _ in picks])
     assert np.allclose(scores[:, 0], ours_scores, atol=1e-3)  # alpha 0: the search's score is log p
@@ -507,7 +473,7 @@ def test_beam_search_finds_hypotheses_scoring_at_least_as_high_as_transformers(m
     same = len(picks) - len(differ)
     for ours_source, theirs_source, ours, theirs in differ:
         ours_by = our_sequence_log_probs(run, [(ours_source, ours), (ours_source, theirs)])
-        theirs_by = [their_sequence_log_prob(model, theirs_source, to_theirs(t)) for t in (ours, theirs)]
+        theirs_by = [float(their_token_log_probs(model, theirs_source, to_theirs(t)).sum()) for t in (ours, theirs)]
         print(
             f"  differ: fxformer's pick {ours_by[0]:.4f} (transformers: {theirs_by[0]:.4f}), transformers' "
             f"{ours_by[1]:.4f} (transformers: {theirs_by[1]:.4f})"
