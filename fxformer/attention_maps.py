@@ -247,12 +247,9 @@ def main() -> None:
     if isinstance(run_dir, paths.Workdir):  # layers and heads checked before any restore
         model = load_workdir_config(run_dir).model
         num_layers, num_heads = model.num_layers, model.num_heads
-        parent = paths.as_path(args.out) if args.out else run_dir.root / "attention"
     else:
         num_layers, num_heads = marian.layers_and_heads(Path(run_dir))
-        if not args.out:
-            raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
-        parent = paths.as_path(args.out)
+    parent = inferflags.out_folder(run_dir, args.out, "attention")
     layer = max(1, num_layers - 1) if args.layer is None else args.layer
     if not 1 <= layer <= num_layers:
         raise UserError(f"--layer={layer} does not exist: this model has {num_layers} layers (1 to {num_layers}).")

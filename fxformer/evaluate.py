@@ -94,8 +94,6 @@ def test_sets(args, run_dir: paths.Workdir | str) -> list:
         raise UserError(
             f"{run_dir} is an imported model with no data splits: give --source_file=FILE --reference_file=FILE."
         )
-    if not isinstance(run_dir, paths.Workdir) and not args.out and not args.hypotheses:
-        raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
     if all(files):
         evaluation.file_test_set(*files, limit=args.limit)
     return splits
@@ -130,8 +128,8 @@ def main() -> None:
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
-    out = args.out or None
-    evaluation.check_writable(out or run_dir.eval)  # before the restore: the results are written at the end
+    out = inferflags.out_folder(run_dir, args.out, "eval")
+    evaluation.check_writable(out)  # before the restore: the results are written at the end
     run = api.load(run_dir, args.step, args.average_last, args.overrides, say)
     if len(splits) > 1:  # every split checked before the first is decoded
         builder = corpora.prepare(run.config.data, log=say)
@@ -141,7 +139,7 @@ def main() -> None:
         r = run.evaluate(split, args.limit, out=out, log=say, report=report)
         say(
             f"BLEU {r['bleu']:.2f} (lowercased {r['bleu_lc']:.2f}), chrF {r['chrf']:.2f}; results in "
-            f"{r.get('path', out or run_dir.eval)}",
+            f"{r.get('path', out)}",
             flush=True,  # before the next split's progress lines (stderr), in a log that holds both
         )
 

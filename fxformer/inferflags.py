@@ -59,6 +59,16 @@ def trained_run(flag: str) -> paths.Workdir | str:
     return flag if marian.is_marian(flag) else cli.workdir(flag)
 
 
+def out_folder(run_dir: paths.Workdir | str, out: str, under: str):
+    """Where a command writes: `--out`, else the workdir's folder `under` ("eval", "attention"); a
+    Marian directory (`trained_run`) is read and never written to, so it needs `--out`."""
+    if out:
+        return paths.as_path(out)
+    if isinstance(run_dir, paths.Workdir):
+        return run_dir.root / under
+    raise UserError(f"{run_dir} is an imported model, whose directory is not written to: give --out=DIR.")
+
+
 def checkpoint_choice(flag: str) -> int | str:
     """--step: 'latest', 'best' or a step number (an int)."""
     if flag in ("latest", "best"):

@@ -217,9 +217,13 @@ class Workdir:
         """A run fine-tuning an imported model: the parameters its first step starts from."""
         return self.root / "imported"
 
+    def keeps_marian_tokenizer(self) -> bool:
+        """Whether the run's tokenizer is an imported Marian model's (in W/marian/)."""
+        return (self.marian / "vocab.json").exists()
+
     def has_tokenizer(self) -> bool:
         """Whether the run keeps its tokenizer: tokenizer.model, or an imported model's files."""
-        return self.tokenizer.exists() or (self.marian / "vocab.json").exists()
+        return self.tokenizer.exists() or self.keeps_marian_tokenizer()
 
     @property
     def checkpoints(self) -> epath.Path:

@@ -117,7 +117,7 @@ def cached_tokenizer(
 def workdir_tokenizer(workdir: paths.Workdir):
     """The tokenizer a workdir keeps: `W/tokenizer.model`, or the files of the Marian model it was
     imported from (`W/marian/`, `fxformer.importing`); None before training made one."""
-    if (workdir.marian / "vocab.json").exists():
+    if workdir.keeps_marian_tokenizer():
         return marian.read_tokenizer(workdir.marian)
     return Tokenizer(workdir.tokenizer) if workdir.tokenizer.exists() else None
 
@@ -127,7 +127,8 @@ def tokenizer_for(
 ) -> Tokenizer:
     """The dataset's shared BPE model: trained once beside the dataset, then copied into `workdir`.
 
-    A workdir that already holds `tokenizer.model` keeps it (a resumed run never re-tokenizes).
+    A workdir that already holds its tokenizer keeps it (a resumed run never re-tokenizes), be it
+    `tokenizer.model` or an imported Marian model's (`workdir_tokenizer`).
     """
     if workdir is not None and (kept := workdir_tokenizer(workdir)) is not None:
         return kept
