@@ -1,0 +1,218 @@
+"""The test suite's commands started without their imports: a fork server.
+
+The suite starts some 300 `python -m fxformer.<command>` processes; each spent 1.5 to 2 s of CPU
+importing JAX, Flax, orbax, grain and fxformer before its first line of work: most of a
+refusal's time, and a third of a short training run's. Here one process per test worker (the
+server) imports them once, without starting any JAX backend, and forks a child for each
+command: the child takes the command's standard streams, working directory, environment and
+arguments, and runs the module as `python -m` runs it (`runpy`, as `__main__`, the module itself
+not yet imported).
+
+What the test holds is a real process of its own (the client, tests/forkclient.py, a
+standard-library Python started with -S -E) whose exit status, signals and standard streams are
+the child's: the client passes its file descriptors 0-2 to the server (SCM_RIGHTS), forwards
+every signal a test sends (SIGTERM, SIGINT, SIGABRT, ...) to the child, and exits as the child
+ended (its status, or killed by its signal). A client killed with SIGKILL takes its child with
+it (the child holds the client's connection and kills itself when it closes).
+
+A command is forked only when nothing imported before the fork could differ from a fresh
+process: `sys.executable -m fxformer.<module>` (never `-c`: the tests' probes of what a fresh
+process imports run so), the server's working directory, no `preexec_fn`, `pass_fds` or
+`executable`, and an environment equal to the server's except for what is read after imports
+(`LATE_ENVIRONMENT`: XLA_FLAGS, read when the backend starts; the FXFORMER_ variables, read by
+the commands; pytest's PYTEST_CURRENT_TEST; JAX_PLATFORMS, which the child sets in JAX's config
+as JAX's import would have). Anything else starts a fresh Python as before. Each child reseeds
+`random` and NumPy's global generator, as a fresh process is seeded.
+`FXFORMER_TEST_FORKSERVER=0` starts every command as a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CLIENT = Path(__file__).resolve().parent / "forkclient.py"
+LATE_ENVIRONMENT = ("XLA_FLAGS", "PYTEST_CURRENT_TEST", "JAX_PLATFORMS")  # the last set in the child's JAX
+LATE_PREFIXES = ("FXFORMER_",)
+PRELOAD = (  # the commands the tests start, and what they import (their modules are dropped before each run)
+    "fxformer.train",
+    "fxformer.evaluate",
+    "fxformer.translate",
+    "fxformer.attention_maps",
+    "fxformer.importing",
+    "fxformer.export",
+    "fxformer.plot",
+    "fxformer.params",
+    "fxformer.compare",
+    "fxformer.data.__main__",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The server (run as a script: python tests/forkserver.py SOCKET)
+
+
+def serve(path: str) -> None:
+    sys.path[0] = str(REPO)
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from fxformer import metrics
+
+    metrics.import_tensorboardx()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    parent = os.getppid()
+    print("ready", flush=True)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:  # the test worker's end is the server's
+        if select.select([listener], [], [], 0.02)[0]:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                run_child(json.loads(message), fds, conn)  # never returns
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(struct.pack("q", pid))
+            children[pid] = conn
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid)
+            try:
+                conn.sendall(struct.pack("q", os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass  # the client is gone
+            conn.close()
+
+
+def run_child(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """In the forked child: become the command, then exit as it ends (never returns)."""
+    import random
+    import runpy
+    import types
+
+    import numpy as np
+
+    for target, fd in zip(request["present"], fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    for target in {0, 1, 2} - set(request["present"]):
+        os.close(target)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()
+    np.random.seed()
+    if "JAX_PLATFORMS" in os.environ:  # read when JAX is imported: set as that read would have
+        import jax
+
+        jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+    def lifeline():  # the client's connection closes when it ends: killed, this child goes too
+        try:
+            conn.recv(1)
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=lifeline, daemon=True).start()
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    module, args = request["argv"][1], request["argv"][2:]  # ["-m", module, *args]
+    for name in (module, f"{module}.__main__"):  # a package runs its __main__
+        sys.modules.pop(name, None)
+    sys.argv = ["-m", *args]
+    sys.path[0] = os.getcwd()
+    runpy._run_module_as_main(module)  # as `python -m` runs it
+    raise SystemExit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the test worker
+
+
+class Server:
+    """This worker's server, in the worker's environment."""
+
+    def __init__(self, folder: Path):
+        self.path = str(folder / "forkserver.sock")
+        self.env = dict(os.environ)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, self.path],
+            cwd=REPO,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.restore = lambda: None  # `install` routes Popen here, and this undoes it
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
+
+    def runs(self, args, kwargs) -> bool:
+        """Whether the command `args` (Popen's arguments) can be forked from the server."""
+        if any(kwargs.get(k) for k in ("preexec_fn", "pass_fds", "executable", "shell")):
+            return False
+        cwd = kwargs.get("cwd")
+        if cwd is not None and Path(cwd).resolve() != REPO or cwd is None and Path.cwd().resolve() != REPO:
+            return False
+        env = kwargs.get("env")
+        env = os.environ if env is None else env
+        differ = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
+        return all(k in LATE_ENVIRONMENT or k.startswith(LATE_PREFIXES) for k in differ)
+
+    def client_args(self, args) -> list[str]:
+        return [sys.executable, "-S", "-E", str(CLIENT), self.path, *map(str, args[1:])]
+
+    def close(self) -> None:
+        self.restore()
+        self.process.kill()
+        self.process.wait()
+
+
+def forkable(args) -> bool:
+    """Whether `args` is a command the server runs: `python -m fxformer.<module>` (never `python -c`:
+    the tests' probes of what a fresh process imports are run as -c)."""
+    if not isinstance(args, (list, tuple)) or len(args) < 3 or args[0] != sys.executable:
+        return False
+    return args[1] == "-m" and str(args[2]).startswith("fxformer.")
+
+
+def install(folder: Path) -> Server | None:
+    """Route the worker's `subprocess.Popen` of forkable commands through a server (its socket in
+    `folder`), started now, in the environment the tests begin with: the server (`close()` ends
+    it and the routing). `FXFORMER_TEST_FORKSERVER=0`: nothing routed, None."""
+    if os.environ.get("FXFORMER_TEST_FORKSERVER", "1") == "0":
+        return None
+    server = Server(folder)
+    original = subprocess.Popen.__init__
+
+    def init(self, args, *rest, **kwargs):
+        if not rest and forkable(args) and server.runs(args, kwargs):
+            args = server.client_args(args)
+        original(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = init
+    server.restore = lambda: setattr(subprocess.Popen, "__init__", original)
+    return server
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

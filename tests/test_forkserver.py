@@ -1,0 +1,65 @@
+"""The fork server the suite starts its commands from (tests/forkserver.py): a forked command
+prints, reads and exits as a fresh Python running it does, signals reach it, a client killed
+takes its command with it, and what cannot be forked safely starts a fresh Python."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import env_with_devices
+
+COMMAND = [sys.executable, "-m", "fxformer.translate", "--workdir=/nonexistent/run"]
+
+
+@pytest.fixture
+def server(fork_server):
+    if fork_server is None:
+        pytest.skip("FXFORMER_TEST_FORKSERVER=0: no fork server")
+    return fork_server
+
+
+def fresh(args, **kwargs) -> subprocess.CompletedProcess:
+    """`args` run by a fresh Python (`executable` given: never forked)."""
+    return subprocess.run(args, executable=args[0], capture_output=True, text=True, **kwargs)
+
+
+def test_a_forked_command_prints_and_exits_as_a_fresh_process_does(server):
+    env = env_with_devices(1)
+    assert server.runs(COMMAND, {"env": env}) and not server.runs(COMMAND, {"env": env, "executable": sys.executable})
+    forked = subprocess.run(COMMAND, capture_output=True, text=True, env=env, input="A sentence.\n")
+    alone = fresh(COMMAND, env=env, input="A sentence.\n")
+    assert forked.returncode == alone.returncode == 2
+    assert forked.stdout == alone.stdout and forked.stderr == alone.stderr and "/nonexistent/run" in forked.stderr
+    help_forked = subprocess.run([*COMMAND[:3], "--help"], capture_output=True, text=True, env=env)
+    assert help_forked.returncode == 0 and help_forked.stdout == fresh([*COMMAND[:3], "--help"], env=env).stdout
+
+
+def test_signals_reach_the_command_and_a_killed_client_takes_it_along(server, tmp_path, tiny_run):
+    """SIGTERM to the client ends the command as it ends a fresh process (translate keeps no
+    handler: killed by it); SIGKILL to the client ends the forked child too."""
+    gone = [sys.executable, "-m", "fxformer.no_such_module"]
+    forked = subprocess.run(gone, capture_output=True, text=True, env=env_with_devices(1))
+    assert forked.returncode == fresh(gone, env=env_with_devices(1)).returncode == 1
+    assert "No module named fxformer.no_such_module" in forked.stderr
+
+    waiting = [sys.executable, "-m", "fxformer.translate", f"--workdir={tiny_run(tmp_path / 'w')}"]  # reads stdin
+    server_process = psutil.Process(server.process.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        before = {p.pid for p in server_process.children()}
+        client = subprocess.Popen(waiting, env=env_with_devices(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        deadline = time.time() + 30
+        while not {p.pid for p in server_process.children()} - before:
+            assert time.time() < deadline and client.poll() is None
+            time.sleep(0.02)
+        (child,) = [p for p in server_process.children() if p.pid not in before]
+        client.send_signal(sig)
+        assert client.wait(timeout=60) == -sig
+        child.wait(timeout=30)  # raises if it outlives its client, its input still open
+        client.stdin.close()
+        client.stdout.close()
+    alone = subprocess.Popen(waiting, executable=sys.executable, env=env_with_devices(1), stdin=subprocess.PIPE)
+    alone.send_signal(signal.SIGTERM)
+    assert alone.wait(timeout=60) == -signal.SIGTERM
