@@ -197,16 +197,28 @@ def load(
 
 
 @functools.lru_cache(maxsize=8)
+def token_log_probs(model):
+    """A jitted (params, inputs [b, l], targets [b, l]) -> each target token's log-probability
+    [b, l] under the model (teacher-forced, dropout off; padding's entries are not meaningful)."""
+
+    def picked(params, inputs, targets):
+        logits = model.apply({"params": params}, inputs, targets, deterministic=True)
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+
+    return jax.jit(picked)
+
+
+@functools.lru_cache(maxsize=8)
 def sentence_log_probs(model):
     """A jitted (params, inputs [b, l], targets [b, l]) -> (each row's summed target log-probability,
     its target tokens): the model's log-softmax at each target, padding left out."""
 
+    tokens = token_log_probs(model)
+
     def sums(params, inputs, targets):
-        logits = model.apply({"params": params}, inputs, targets, deterministic=True)
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        picked = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
         weights = (targets != PAD_ID).astype(jnp.float32)
-        return (picked * weights).sum(-1), weights.sum(-1)
+        return (tokens(params, inputs, targets) * weights).sum(-1), weights.sum(-1)
 
     return jax.jit(sums)
 

@@ -18,10 +18,10 @@ it (the child holds the client's connection and kills itself when it closes).
 A command is forked only when nothing imported before the fork could differ from a fresh
 process: `sys.executable -m fxformer.<module>` (never `-c`: the tests' probes of what a fresh
 process imports run so), the server's working directory, no `preexec_fn`, `pass_fds` or
-`executable`, and an environment equal to the server's except for what is read after imports
-(`LATE_ENVIRONMENT`: XLA_FLAGS, read when the backend starts; the FXFORMER_ variables, read by
-the commands; pytest's PYTEST_CURRENT_TEST; JAX_PLATFORMS, which the child sets in JAX's config
-as JAX's import would have). Anything else starts a fresh Python as before. Each child reseeds
+`executable`, and an environment whose variables that an import may read (`AT_IMPORT`: Python's,
+JAX's, XLA's, NumPy's BLAS, ...) equal the server's, but for XLA_FLAGS (read when the backend
+starts) and JAX_PLATFORMS (which the child sets in JAX's config as JAX's import would have).
+Anything else starts a fresh Python as before. Each child reseeds
 `random` and NumPy's global generator, as a fresh process is seeded.
 `FXFORMER_TEST_FORKSERVER=0` starts every command as a fresh process.
 """
@@ -41,8 +41,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).resolve().parent / "forkclient.py"
-LATE_ENVIRONMENT = ("XLA_FLAGS", "PYTEST_CURRENT_TEST", "JAX_PLATFORMS")  # the last set in the child's JAX
-LATE_PREFIXES = ("FXFORMER_",)
+# Variables the imported libraries (Python, JAX and XLA, TensorFlow's and TFDS's, NumPy's BLAS,
+# matplotlib, absl, grain, orbax) may read when imported: where one differs from the server's, the
+# command starts a fresh Python. Others (a test's own, pytest's) are set in the child before it runs.
+AT_IMPORT = ("PYTHON", "JAX_", "XLA_", "TF_", "TFDS_", "NPY_", "OMP_", "OPENBLAS_", "MKL_", "MPL", "ABSL", "GRAIN_")
+AT_IMPORT += ("ORBAX_", "LD_", "CUDA", "TPU_", "HOME", "XDG_", "TMPDIR", "PATH", "LANG", "LC_")
+LATE_ENVIRONMENT = ("XLA_FLAGS", "JAX_PLATFORMS")  # read when the backend starts; the child sets the second
 PRELOAD = (  # the commands the tests start, and what they import (their modules are dropped before each run)
     "fxformer.train",
     "fxformer.evaluate",
@@ -166,17 +170,22 @@ class Server:
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
 
-    def runs(self, args, kwargs) -> bool:
-        """Whether the command `args` (Popen's arguments) can be forked from the server."""
-        if any(kwargs.get(k) for k in ("preexec_fn", "pass_fds", "executable", "shell")):
-            return False
-        cwd = kwargs.get("cwd")
-        if cwd is not None and Path(cwd).resolve() != REPO or cwd is None and Path.cwd().resolve() != REPO:
-            return False
+    def refuses(self, args, kwargs) -> str | None:
+        """Why the command `args` (Popen's arguments) cannot be forked from the server, or None."""
+        given = [k for k in ("preexec_fn", "pass_fds", "executable", "shell") if kwargs.get(k)]
+        if given or not forkable(args):
+            return f"{given or args[:3]}: not a plain `python -m fxformer.<module>`"
+        cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
+        if cwd != REPO:
+            return f"runs in {cwd}, not {REPO}"
         env = kwargs.get("env")
         env = os.environ if env is None else env
         differ = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
-        return all(k in LATE_ENVIRONMENT or k.startswith(LATE_PREFIXES) for k in differ)
+        differ = sorted(k for k in differ if k.startswith(AT_IMPORT) and k not in LATE_ENVIRONMENT)
+        return f"its environment differs from the server's in {', '.join(differ)}" if differ else None
+
+    def runs(self, args, kwargs) -> bool:
+        return self.refuses(args, kwargs) is None
 
     def client_args(self, args) -> list[str]:
         return [sys.executable, "-S", "-E", str(CLIENT), self.path, *map(str, args[1:])]

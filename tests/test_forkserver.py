@@ -28,7 +28,8 @@ def fresh(args, **kwargs) -> subprocess.CompletedProcess:
 
 def test_a_forked_command_prints_and_exits_as_a_fresh_process_does(server):
     env = env_with_devices(1)
-    assert server.runs(COMMAND, {"env": env}) and not server.runs(COMMAND, {"env": env, "executable": sys.executable})
+    assert server.refuses(COMMAND, {"env": env}) is None
+    assert "not a plain" in server.refuses(COMMAND, {"env": env, "executable": sys.executable})
     forked = subprocess.run(COMMAND, capture_output=True, text=True, env=env, input="A sentence.\n")
     alone = fresh(COMMAND, env=env, input="A sentence.\n")
     assert forked.returncode == alone.returncode == 2
