@@ -35,75 +35,8 @@ def timed(fn, repeats: int = 3):
     return statistics.median(times), times, result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", required=True, help="a trained run (exportable: model.norm=post)")
-    p.add_argument("--split", default="test", help="the split decoded (default test)")
-    p.add_argument("--limit", type=int, default=0, help="its first n sentences (0: all)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CTranslate2's intra_threads")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up (the median is reported)")
-    p.add_argument("--out", help="the JSON records to write")
-    args = p.parse_args(argv)
-
-    import ctranslate2
-    import sacrebleu
-
-    import fxformer
-    from fxformer import evaluation, export
-
-    run = fxformer.load(args.workdir)
-    test = evaluation.split_test_set(run.config, args.split, args.limit, log=lambda *a: None)
-    batch = run.config.data.eval_batch_size
-    max_extra = run.config.decode.max_extra
-    ids = {run.tokenizer.piece(i): i for i in range(run.tokenizer.vocab_size)}
-    sources = [[run.tokenizer.piece(i) for i in run.tokenizer.encode_source(s).tolist()[:-1]] for s in test.sources]
-    folder = tempfile.mkdtemp(prefix="ct2-speed-")
-    rows = []
-
-    def bleu(hypotheses):
-        return round(sacrebleu.corpus_bleu(hypotheses, [test.references]).score, 2)
-
-    for quantization in ("float32", "int8"):
-        out = Path(folder) / quantization
-        export.write_ctranslate2(run, out, quantization)
-        translator = ctranslate2.Translator(
-            str(out), device="cpu", compute_type=quantization, intra_threads=args.threads, inter_threads=1
-        )
-        for beam in (1, 4):
-
-            def decode(translator=translator, beam=beam):
-                found = []
-                for start in range(0, len(sources), batch):
-                    chunk = sources[start : start + batch]
-                    found += translator.translate_batch(
-                        chunk,
-                        beam_size=beam,
-                        max_batch_size=batch,
-                        length_penalty=run.config.decode.alpha if beam > 1 else 1.0,
-                        max_decoding_length=max(len(s) for s in chunk) + 1 + max_extra,
-                        suppress_sequences=[["<pad>"], ["<s>"]],
-                    )
-                return [run.tokenizer.decode([ids[t] for t in r.hypotheses[0]]) for r in found]
-
-            median, times, hypotheses = timed(decode, args.repeats)
-            rows.append(
-                {
-                    "engine": f"CTranslate2 {quantization}",
-                    "beam": beam,
-                    "s": median,
-                    "times": times,
-                    "bleu": bleu(hypotheses),
-                }
-            )
-            print(f"CTranslate2 {quantization} beam {beam}: {median:.2f} s", file=sys.stderr)
-    for beam in (1, 4):
-        options = {"strategy": "greedy"} if beam == 1 else {"strategy": "beam", "beam_size": beam}
-        median, times, hypotheses = timed(lambda o=options: run.translate(test.sources, **o), args.repeats)
-        rows.append(
-            {"engine": "fxformer (JAX, float32)", "beam": beam, "s": median, "times": times, "bleu": bleu(hypotheses)}
-        )
-        print(f"fxformer beam {beam}: {median:.2f} s", file=sys.stderr)
-    n = len(test.sources)
+def report(rows: list[dict], n: int, args, version: str) -> None:
+    """The markdown table on stdout, and the records in `args.out` if given."""
     print(f"| engine | search | sentences/s | BLEU |  ({n} sentences of {args.split}, median of {args.repeats})")
     print("|---|---|---|---|")
     for row in sorted(rows, key=lambda r: (r["beam"], -n / r["s"])):
@@ -122,11 +55,76 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads,
             "sentences": n,
             "split": args.split,
-            "ctranslate2": ctranslate2.__version__,
+            "ctranslate2": version,
             "rows": rows,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def decode(run, translator, sources: list[list[str]], beam: int) -> list[str]:
+    """CTranslate2's translations of `sources` (pieces), in the run's eval batches, limited per
+    batch as fxformer limits it (its longest source, with </s>, + max_extra), as text."""
+    batch, max_extra = run.config.data.eval_batch_size, run.config.decode.max_extra
+    ids = {run.tokenizer.piece(i): i for i in range(run.tokenizer.vocab_size)}
+    found = []
+    for start in range(0, len(sources), batch):
+        chunk = sources[start : start + batch]
+        found += translator.translate_batch(
+            chunk,
+            beam_size=beam,
+            max_batch_size=batch,
+            length_penalty=run.config.decode.alpha if beam > 1 else 1.0,
+            max_decoding_length=max(len(s) for s in chunk) + 1 + max_extra,
+            suppress_sequences=[["<pad>"], ["<s>"]],
+        )
+    return [run.tokenizer.decode([ids[t] for t in r.hypotheses[0]]) for r in found]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", required=True, help="a trained run (exportable: model.norm=post)")
+    p.add_argument("--split", default="test", help="the split decoded (default test)")
+    p.add_argument("--limit", type=int, default=0, help="its first n sentences (0: all)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CTranslate2's intra_threads")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up (the median is reported)")
+    p.add_argument("--out", help="the JSON records to write")
+    args = p.parse_args(argv)
+
+    import ctranslate2
+    import sacrebleu
+
+    import fxformer
+    from fxformer import evaluation, export
+
+    run = fxformer.load(args.workdir)
+    test = evaluation.split_test_set(run.config, args.split, args.limit, log=lambda *a: None)
+    sources = [[run.tokenizer.piece(i) for i in run.tokenizer.encode_source(s).tolist()[:-1]] for s in test.sources]
+    folder = tempfile.mkdtemp(prefix="ct2-speed-")
+    rows = []
+
+    def bleu(hypotheses):
+        return round(sacrebleu.corpus_bleu(hypotheses, [test.references]).score, 2)
+
+    for quantization in ("float32", "int8"):
+        out = Path(folder) / quantization
+        export.write_ctranslate2(run, out, quantization)
+        translator = ctranslate2.Translator(
+            str(out), device="cpu", compute_type=quantization, intra_threads=args.threads, inter_threads=1
+        )
+        for beam in (1, 4):
+            median, times, hypotheses = timed(lambda t=translator, b=beam: decode(run, t, sources, b), args.repeats)
+            rows.append({"engine": f"CTranslate2 {quantization}", "beam": beam, "s": median, "times": times})
+            rows[-1]["bleu"] = bleu(hypotheses)
+            print(f"CTranslate2 {quantization} beam {beam}: {median:.2f} s", file=sys.stderr)
+    for beam in (1, 4):
+        options = {"strategy": "greedy"} if beam == 1 else {"strategy": "beam", "beam_size": beam}
+        median, times, hypotheses = timed(lambda o=options: run.translate(test.sources, **o), args.repeats)
+        rows.append(
+            {"engine": "fxformer (JAX, float32)", "beam": beam, "s": median, "times": times, "bleu": bleu(hypotheses)}
+        )
+        print(f"fxformer beam {beam}: {median:.2f} s", file=sys.stderr)
+    report(rows, len(test.sources), args, ctranslate2.__version__)
     return 0
 
 

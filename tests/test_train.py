@@ -349,8 +349,10 @@ def test_resume_after_sigkill_is_exact(tmp_path, data_dir, straight_run, pipelin
     assert sorted(events) == list(range(1, 61))
     for step, value in logged(straight).items():
         assert events[step] == pytest.approx(value, rel=1e-6)  # TensorBoard stores float32
-    process = subprocess.Popen(
-        train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30, **pipeline_flags),
+    command = train_command(killed, data_dir, num_train_steps=60, checkpoint_every_steps=30, **pipeline_flags)
+    process = subprocess.Popen(  # `executable`: a fresh process (not forked), whose children are grain's workers
+        command,
+        executable=command[0],
         env=env_with_devices(1),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
