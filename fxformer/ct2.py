@@ -32,7 +32,8 @@ QUANTIZATIONS = ("float32", "int8")
 
 
 def refusal(model) -> str | None:
-    """Why a model with these fields cannot be a CTranslate2 Transformer, in one sentence, or None."""
+    """Why a model with these fields cannot be a CTranslate2 Transformer, in one sentence, or None
+    (a Marian model for transformers neither: `export.refusal` begins here)."""
     if model.norm != "post":
         return f"model.norm={model.norm}: the export writes the paper's post-norm layers only."
     if model.d_k * model.num_heads != model.d_model or model.d_v * model.num_heads != model.d_model:

@@ -40,15 +40,12 @@ MARIAN_EPSILON = 1e-5  # transformers' Marian layers use torch's LayerNorm defau
 
 
 def refusal(model, allow_epsilon_change: bool = False) -> str | None:
-    """Why a model with these fields cannot be a Marian model, in one sentence, or None."""
-    if model.norm != "post":
-        return f"model.norm={model.norm}: transformers' Marian normalises after each sub-layer (post) only."
+    """Why a model with these fields cannot be a Marian model, in one sentence, or None: what
+    CTranslate2 refuses too (`ct2.refusal`), learned positions, and another epsilon than 1e-5."""
+    if problem := ct2.refusal(model):
+        return problem
     if model.positional != "sinusoidal":
         return f"model.positional={model.positional}: transformers' Marian has sinusoids, no learned positions."
-    if model.d_k * model.num_heads != model.d_model or model.d_v * model.num_heads != model.d_model:
-        return (
-            f"d_k {model.d_k} and d_v {model.d_v} x {model.num_heads} heads must be d_model {model.d_model} in Marian."
-        )
     if model.layer_norm_epsilon != MARIAN_EPSILON and not allow_epsilon_change:
         return (
             f"model.layer_norm_epsilon is {model.layer_norm_epsilon:g} and transformers' Marian fixes it at 1e-5: "

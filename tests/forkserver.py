@@ -166,7 +166,7 @@ class Server:
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.restore = lambda: None  # `install` routes Popen here, and this undoes it
+        self.original = None  # Popen's own __init__ while `route` sends commands here
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
 
@@ -190,8 +190,21 @@ class Server:
     def client_args(self, args) -> list[str]:
         return [sys.executable, "-S", "-E", str(CLIENT), self.path, *map(str, args[1:])]
 
+    def route(self) -> None:
+        """Send this worker's `subprocess.Popen` of commands the server runs (`refuses` None) here."""
+        original = self.original = subprocess.Popen.__init__
+
+        def init(popen, args, *rest, **kwargs):
+            if not rest and self.runs(args, kwargs):
+                args = self.client_args(args)
+            original(popen, args, *rest, **kwargs)
+
+        subprocess.Popen.__init__ = init
+
     def close(self) -> None:
-        self.restore()
+        """The routing undone and the server ended."""
+        if self.original is not None:
+            subprocess.Popen.__init__ = self.original
         self.process.kill()
         self.process.wait()
 
@@ -211,15 +224,7 @@ def install(folder: Path) -> Server | None:
     if os.environ.get("FXFORMER_TEST_FORKSERVER", "1") == "0":
         return None
     server = Server(folder)
-    original = subprocess.Popen.__init__
-
-    def init(self, args, *rest, **kwargs):
-        if not rest and forkable(args) and server.runs(args, kwargs):
-            args = server.client_args(args)
-        original(self, args, *rest, **kwargs)
-
-    subprocess.Popen.__init__ = init
-    server.restore = lambda: setattr(subprocess.Popen, "__init__", original)
+    server.route()
     return server
 
 
