@@ -182,8 +182,13 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
 
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=5, log_every_steps=1)
-    process = subprocess.Popen(
-        command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    process = subprocess.Popen(  # `executable`: a fresh process (not forked), which SIGSTOP itself pauses
+        command,
+        executable=command[0],
+        env=env_with_devices(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 120
     wait_while_running(process, (workdir / "checkpoints" / "10").exists, deadline, every_s=0.1)
@@ -250,8 +255,13 @@ def test_a_workdir_removed_before_sigterm_is_not_recreated(tmp_path, data_dir, c
 
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=1, keep_checkpoints=2)
-    process = subprocess.Popen(
-        command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    process = subprocess.Popen(  # `executable`: a fresh process (not forked), which SIGSTOP itself pauses
+        command,
+        executable=command[0],
+        env=env_with_devices(1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 120
     wait_while_running(process, (workdir / "checkpoints" / "3").exists, deadline)
