@@ -13,7 +13,9 @@ standard-library Python started with -S -E) whose exit status, signals and stand
 the child's: the client passes its file descriptors 0-2 to the server (SCM_RIGHTS), forwards
 every signal a test sends (SIGTERM, SIGINT, SIGABRT, ...) to the child, and exits as the child
 ended (its status, or killed by its signal). A client killed with SIGKILL takes its child with
-it (the child holds the client's connection and kills itself when it closes).
+it (the child holds the client's connection and kills itself when it closes). SIGSTOP cannot be
+forwarded (it pauses the client alone): a test that pauses its command starts it with
+`executable=` (a fresh process), as does one that counts the command's own child processes.
 
 A command is forked only when nothing imported before the fork could differ from a fresh
 process: `sys.executable -m fxformer.<module>` (never `-c`: the tests' probes of what a fresh
