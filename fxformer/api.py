@@ -9,6 +9,7 @@ above this module; what they share with it, `evaluation` and `attention_weights`
     run.score(sources, targets)      # per sentence: summed log-probability and its token count
     run.attention("The dog sleeps.")  # every attention weight, as the attention figures draw them
     run.evaluate("test")              # perplexity, BLEU, chrF: what `fxformer.evaluate` prints
+    fxformer.load(["runs/seed0", "runs/seed1"])   # an ensemble: the same methods (`fxformer.ensemble`)
 
 `fxformer.load` takes a path, an `os.PathLike` or a `gs://` URL; only the parameters are read (never
 the optimizer state), onto the devices at hand.
@@ -25,8 +26,9 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fxformer import attention_weights, cli, configfile, evaluation, inference, marian, parallel, paths
+from fxformer import attention_weights, cli, configfile, ensemble, evaluation, inference, marian, parallel, paths
 from fxformer.data import pipeline
+from fxformer.data.tokenizer import workdir_tokenizer
 from fxformer.errors import UserError
 from fxformer.tokens import PAD_ID
 
@@ -46,11 +48,22 @@ class Score(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class TrainedRun:
     """A workdir's checkpoint(s), restored: `config`, `tokenizer`, `params`, `steps` (the
-    checkpoint steps averaged into `params`), and what can be done with them."""
+    checkpoint steps averaged into `params`), and what can be done with them. An ensemble's
+    `members` are its runs (its `params` a tuple of theirs, `config` and `workdir` its first's)."""
 
     workdir: paths.Workdir | None  # None: a model imported from transformers' Marian files
     restored: inference.Restored
     step: int | str
+    members: tuple[TrainedRun, ...] = ()  # an ensemble's runs, in order; () for one run
+    path: str = ""  # where it was loaded from: the workdir, or the imported directory
+
+    @property
+    def name(self) -> str:
+        """How results name these parameters: the checkpoint label (`600-avg5`, `600-best`),
+        `imported`, or an ensemble's `ensemble-<member>+<member>...`, each `<run's folder>.<label>`."""
+        if self.members:
+            return "ensemble-" + "+".join(f"{paths.as_path(m.path).name}.{m.name}" for m in self.members)
+        return "imported" if self.workdir is None else paths.checkpoint_label(self.steps, self.step == "best")
 
     @property
     def config(self):
@@ -115,7 +128,7 @@ class TrainedRun:
             raise UserError(f"score takes one target per source: {len(sources)} sources, {len(targets)} targets.")
         model = self.restored.model
         examples = pipeline.tokenize_pairs(self.tokenizer, sources, targets)
-        length = pipeline.eval_length(examples, model.config.max_len)
+        length = pipeline.eval_length(examples, inference.max_len(model))
         sums = sentence_log_probs(model)
         out: list[Score | None] = [None] * len(examples)
         batch_size = parallel.round_to_devices(self.config.data.eval_batch_size)
@@ -129,7 +142,13 @@ class TrainedRun:
     def attention(self, source: str, target: str | None = None) -> attention_weights.Weights:
         """Every attention weight on (source, target), teacher-forced with dropout off; without a
         target, on the run's own translation. `w.cross`, `w.encoder`, `w.decoder`: [layers, heads,
-        queries, keys]; `w.axes(kind)` the wordpieces that label them."""
+        queries, keys]; `w.axes(kind)` the wordpieces that label them. An ensemble has no
+        attention of its own: refused in one sentence (load one member)."""
+        if self.members:
+            raise UserError(
+                f"An ensemble has no attention weights of its own: each of its {len(self.members)} members has "
+                "its own; load one run (one --workdir) to see them."
+            )
         return attention_weights.pair_weights(self.restored, source, target, log=quiet)
 
     def evaluate(
@@ -164,18 +183,34 @@ class TrainedRun:
             test = evaluation.split_test_set(self.config, split, limit, log)
         else:
             test = evaluation.file_test_set(*split, limit=limit)
-        label = "imported" if self.workdir is None else paths.checkpoint_label(self.steps, self.step == "best")
-        result = paths.eval_result(folder, test.name, label, test.first, run.restored.decode_changes)
-        return evaluation.evaluate(run.restored, test, result, log, report)
+        result = paths.eval_result(folder, test.name, self.name, test.first, run.restored.decode_changes)
+        about = None
+        if self.members:
+            members = [{"path": m.path, "checkpoint_steps": m.steps} for m in self.members]
+            about = {"ensemble": {"members": members, "average": self.restored.model.average}}
+        return evaluation.evaluate(run.restored, test, result, log, report, about)
+
+
+def described(run: TrainedRun) -> str:
+    """What the commands say they use: `checkpoint step(s) [600]`, `an imported model`, or an
+    ensemble's `an ensemble of 2 (runs/a step(s) [600], runs/b step(s) [400]), averaging probabilities`."""
+    if run.members:
+        each = ", ".join(f"{m.path} " + (f"step(s) {m.steps}" if m.steps else "imported") for m in run.members)
+        return f"an ensemble of {len(run.members)} ({each}), averaging {run.restored.model.average}"
+    return f"checkpoint step(s) {run.steps}" if run.steps else "an imported model"
+
+
+Member = str | os.PathLike | paths.Workdir | tuple  # a run, or (run, step[, average_last])
 
 
 def load(
-    workdir: str | os.PathLike | paths.Workdir,
+    workdir: Member | list[Member],
     step: int | Literal["latest", "best"] = "latest",
     average_last: int | None = None,
     overrides=(),
     log=quiet,
     keep_average: bool = True,
+    average: str = "probabilities",
 ) -> TrainedRun:
     """A training workdir's checkpoint restored for evaluation: `step` "latest" (the last saved),
     "best" (the best dev metric seen in training) or a step number; `average_last` k averages the k
@@ -184,26 +219,60 @@ def load(
     memory only, as `attention_maps` does: it writes nothing outside `W/attention/`). `overrides`:
     (key, value) pairs of the decode section, as the commands' `--config.decode.*` flags. A workdir
     that is no training run is refused in one sentence, as the commands refuse it. A directory
-    transformers wrote for a Marian (OPUS-MT) model is imported (`fxformer.marian`, docs/interop.md)."""
+    transformers wrote for a Marian (OPUS-MT) model is imported (`fxformer.marian`, docs/interop.md).
+
+    A list gives an ensemble (`fxformer.ensemble`, `average` its combination): each member a
+    workdir (with `step` and `average_last`) or a tuple (workdir, step[, average_last]); the
+    search options are the first member's with `overrides`. A list of one is that run."""
+    if isinstance(workdir, list):
+        if not workdir:
+            raise UserError("An ensemble needs at least one run: give a list of workdirs.")
+        ensemble.check_average(average)
+        members = [member if isinstance(member, tuple) else (member,) for member in workdir]
+        if any(len(member) > 3 for member in members):
+            raise UserError("An ensemble's member is a workdir or a tuple (workdir, step, average_last).")
+        where = [m[0] if isinstance(m[0], paths.Workdir) else os.fspath(m[0]) for m in members]
+        ensemble.check_tokenizers([str(w) for w in where], [tokenizer_at(w) for w in where])  # before any restore
+        runs = [
+            load(path, *choice, *(step, average_last)[len(choice) :], overrides, log, keep_average)
+            for path, *choice in members
+        ]
+        return runs[0] if len(runs) == 1 else ensemble_of(runs, average)
     if isinstance(step, str) and step not in ("latest", "best"):
         step = int(step) if step.isdigit() else step  # "600" as the commands' --step takes it
     if not isinstance(workdir, paths.Workdir) and marian.is_marian(os.fspath(workdir)):
         if step != "latest" or average_last not in (None, 1):
             raise UserError(f"{os.fspath(workdir)} is one imported model: it has no steps to choose or average.")
-        return TrainedRun(None, inference.restore_marian(Path(os.fspath(workdir)), overrides), "imported")
+        restored = inference.restore_marian(Path(os.fspath(workdir)), overrides)
+        return TrainedRun(None, restored, "imported", path=os.fspath(workdir))
     run = workdir if isinstance(workdir, paths.Workdir) else cli.workdir(os.fspath(workdir))
     restored = inference.restore(run, step, average_last, overrides, log, keep_average)
-    return TrainedRun(run, restored, step)
+    return TrainedRun(run, restored, step, path=str(run))
+
+
+def tokenizer_at(where: paths.Workdir | str):
+    """The tokenizer a run to load keeps (None where there is none yet: `load` refuses it)."""
+    if isinstance(where, str) and marian.is_marian(where):
+        return marian.read_tokenizer(Path(where))
+    return workdir_tokenizer(where if isinstance(where, paths.Workdir) else cli.workdir(where))
+
+
+def ensemble_of(runs: list[TrainedRun], average: str) -> TrainedRun:
+    """Loaded runs (their tokenizers checked alike) as one ensemble (`fxformer.ensemble`)."""
+    first = runs[0].restored
+    model = ensemble.Ensemble(tuple(run.restored.model for run in runs), average)
+    restored = dataclasses.replace(first, model=model, params=tuple(run.params for run in runs), steps=[])
+    return TrainedRun(runs[0].workdir, restored, runs[0].step, members=tuple(runs), path=runs[0].path)
 
 
 @functools.lru_cache(maxsize=8)
 def token_log_probs(model):
     """A jitted (params, inputs [b, l], targets [b, l]) -> each target token's log-probability
-    [b, l] under the model (teacher-forced, dropout off; padding's entries are not meaningful)."""
+    [b, l] under the model or ensemble (teacher-forced, dropout off; padding's entries are not
+    meaningful)."""
 
     def picked(params, inputs, targets):
-        logits = model.apply({"params": params}, inputs, targets, deterministic=True)
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        log_probs = inference.log_probs(model, params, inputs, targets)
         return jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
 
     return jax.jit(picked)

@@ -19,7 +19,10 @@ the official file's) with the same sacreBLEU settings, without a model.
 `--source_file` and `--reference_file` give the test set as two text files (one sentence per line)
 instead of a split; `--out=DIR` writes the results there instead of W/eval/. A Marian (OPUS-MT)
 directory written by transformers is evaluated so, with both (docs/interop.md): nothing is
-written into the directory read.
+written into the directory read. `--workdir` repeated evaluates an ensemble of the runs
+(`fxformer.ensemble`; the search options are the first run's), its results in the first run's
+W/eval/ (or `--out`) under a name that lists the members:
+`<split>-ensemble-<run folder>.<checkpoint label>+<run folder>.<checkpoint label>...json`.
 
 The run is loaded by `fxformer.load`, as from Python; the evaluation itself is `fxformer.evaluation`.
 """
@@ -46,7 +49,7 @@ def score_file(hypotheses_file: str, test: evaluation.TestSet) -> dict:
 
 def parser():
     """The command's flags: the shared ones of a trained run, the test set, where results go."""
-    p = inferflags.parser(__doc__, "fxformer.evaluate")
+    p = inferflags.parser(__doc__, "fxformer.evaluate", ensembles=True)
     p.add_argument(
         "--split",
         default="test",
@@ -114,7 +117,8 @@ def score_hypotheses(args, run_dir, test_set, say) -> None:
 
 def main() -> None:
     args = inferflags.parse(parser())
-    run_dir = inferflags.trained_run(args.workdir)
+    run_dirs = inferflags.trained_runs(args.workdir)
+    run_dir = run_dirs[0]  # an ensemble's first run: its data splits, its W/eval/
     splits = test_sets(args, run_dir)
     say = parallel.print_once
     if args.hypotheses:
@@ -122,15 +126,14 @@ def main() -> None:
         return
 
     def report(r: dict) -> None:
-        steps = f"checkpoint step(s) {r['checkpoint_steps']}" if r["checkpoint_steps"] else "an imported model"
-        say(f"{r['split']}: {r['num_sentences']:,} sentences, {steps}")
+        say(f"{r['split']}: {r['num_sentences']:,} sentences, {api.described(run)}")
         say(f"perplexity (per wordpiece): {r['ppl']:.3f}")
         say(r["sacrebleu"])
         say(f"sacreBLEU signature: {r['signature']}", flush=True)
 
     out = inferflags.out_folder(run_dir, args.out, "eval")
     evaluation.check_writable(out)  # before the restore: the results are written at the end
-    run = api.load(run_dir, args.step, args.average_last, args.overrides, say)
+    run = api.load(run_dirs, args.step, args.average_last, args.overrides, say, average=args.ensemble_average)
     if len(splits) > 1:  # every split checked before the first is decoded
         builder = corpora.prepare(run.config.data, log=say)
         for split in splits:

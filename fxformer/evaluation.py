@@ -79,14 +79,17 @@ def file_test_set(source_file: str, reference_file: str, limit: int = 0) -> Test
     )
 
 
-def evaluate(run: inference.Restored, test: TestSet, result: epath.Path, log=print, report=None) -> dict:
-    """Perplexity and sacreBLEU of the restored `run` (`fxformer.load(...).restored`) on `test`;
-    writes the results to `result` (the translations beside it, `.hyp.txt` and `.ref.txt`) and
-    returns them. `report(results)`, if given, is called before anything is written (so a disk that
-    fills at the end loses no score). The caller checked the folder writable first (`check_writable`)."""
+def evaluate(
+    run: inference.Restored, test: TestSet, result: epath.Path, log=print, report=None, about: dict | None = None
+) -> dict:
+    """Perplexity and sacreBLEU of the restored `run` (`fxformer.load(...).restored`, one run or an
+    ensemble) on `test`; writes the results to `result` (the translations beside it, `.hyp.txt` and
+    `.ref.txt`) and returns them, with `about`'s fields (an ensemble's members). `report(results)`,
+    if given, is called before anything is written (so a disk that fills at the end loses no
+    score). The caller checked the folder writable first (`check_writable`)."""
     examples = pipeline.tokenize_pairs(run.tokenizer, test.sources, test.references)
     loss_step = inference.loss_step(run.model, run.config.label_smoothing, run.mesh, run.config.loss_chunk_tokens)
-    losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, run.model.config.max_len)
+    losses = inference.dev_loss(loss_step, run.params, examples, run.config, run.mesh, inference.max_len(run.model))
     best = inference.BestTranslations(
         run.model, run.mesh, run.decode, examples, run.tokenizer, run.config.data.eval_batch_size, log
     )
@@ -101,6 +104,7 @@ def evaluate(run: inference.Restored, test: TestSet, result: epath.Path, log=pri
         "decode": options.to_dict(),  # the search's options (older results held beam_size and alpha at top level too)
         "num_params": sum(x.size for x in jax.tree.leaves(run.params)),
         "devices": jax.device_count(),
+        **(about or {}),
     }
     if report is not None:
         report(results)

@@ -2,7 +2,8 @@
 state) onto the devices at hand (one checkpoint, the average of k, or the best by dev metric),
 the dev loss, the model's step function for the searches in `decode`, batched translation with
 n-best scores, sacreBLEU. Used by `evaluate`, `translate`, `attention_maps` and the training loop
-(dev loss, dev BLEU).
+(dev loss, dev BLEU). Wherever a model is taken, an `ensemble.Ensemble` may stand in its place,
+with a tuple of its members' parameters in place of one tree.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
-from fxformer import checkpoint, configfile, decode, marian, optim, parallel, paths, schema, trainstate
+from fxformer import checkpoint, configfile, decode, ensemble, marian, optim, parallel, paths, schema, trainstate
 from fxformer.config import DecodeOptions, load_workdir_config, resolve_derived, validate
 from fxformer.data import corpora, pipeline, tokenized
 from fxformer.data.tokenizer import Tokenizer, workdir_tokenizer
@@ -40,11 +41,11 @@ Array = jax.Array
 class Restored:
     """A training workdir, ready for inference (read by attribute)."""
 
-    config: ml_collections.ConfigDict  # the run's config, with any decode overrides
-    model: Transformer
+    config: ml_collections.ConfigDict  # the run's config, with any decode overrides (an ensemble: its first member's)
+    model: Transformer | ensemble.Ensemble
     tokenizer: Tokenizer
-    params: Any
-    steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several)
+    params: Any  # an ensemble: a tuple of its members' parameters
+    steps: list[int]  # the checkpoint steps whose parameters these are (averaged if several; an ensemble: [])
     mesh: jax.sharding.Mesh
     trained_decode: dict | None = None  # the trained run's decode section, before any overrides
 
@@ -123,14 +124,43 @@ def restore_marian(path, overrides=()) -> Restored:
 
 
 # ---------------------------------------------------------------------------------------------
-# The dev loss
+# The dev loss, and teacher-forced log-probabilities
 
 
-def loss_step(model: Transformer, label_smoothing: float, mesh, chunk: int = 0):
+def max_len(model: Transformer | ensemble.Ensemble) -> int:
+    """The positions `model` encodes and decodes (an ensemble: those every member does)."""
+    return ensemble.of(model).max_len
+
+
+def log_probs(model: Transformer | ensemble.Ensemble, params, inputs: Array, targets: Array) -> Array:
+    """Teacher-forced next-token log-probabilities [b, l, vocab] in float32, dropout off (an
+    ensemble: its members' combined, `ensemble.combine`)."""
+    members = ensemble.of(model)
+    each = [
+        jax.nn.log_softmax(m.apply({"params": p}, inputs, targets, deterministic=True).astype(jnp.float32), axis=-1)
+        for m, p in zip(members.models, ensemble.params_of(model, params), strict=True)
+    ]
+    return ensemble.combine(each, members.average)
+
+
+def ensemble_loss_sums(params, batch: dict, model: ensemble.Ensemble, label_smoothing: float) -> dict[str, Array]:
+    """`optim.loss_sums` of an ensemble's combined distribution on a padded batch (dropout off)."""
+    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    if "example_mask" in batch:
+        weights = weights * batch["example_mask"][:, None]
+    combined = log_probs(model, params, batch["inputs"], batch["targets"])  # normalized: its own logits
+    return optim.cross_entropy_sums(combined, batch["targets"], weights, label_smoothing)
+
+
+def loss_step(model: Transformer | ensemble.Ensemble, label_smoothing: float, mesh, chunk: int = 0):
     """A jitted (params, padded batch) -> summed loss / NLL / accuracy / tokens, rows split over
-    devices (`chunk`: as in `optim.loss_sums`)."""
+    devices (`chunk`: as in `optim.loss_sums`; an ensemble's members are not chunked)."""
+    if isinstance(model, ensemble.Ensemble):
+        sums = functools.partial(ensemble_loss_sums, model=model, label_smoothing=label_smoothing)
+    else:
+        sums = functools.partial(optim.loss_sums, model=model, label_smoothing=label_smoothing, chunk=chunk)
     return jax.jit(
-        functools.partial(optim.loss_sums, model=model, label_smoothing=label_smoothing, chunk=chunk),
+        sums,
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh)),
         out_shardings=parallel.replicated(mesh),
     )
@@ -171,12 +201,45 @@ class Decoding(NamedTuple):
     grow: decode.GrowFn  # (cache, length) -> the cache with room for `length` positions
 
 
-def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
+def start_decoding(
+    config: TransformerConfig | ensemble.Ensemble, params, inputs: Array, copies: int, max_extra: int
+) -> Decoding:
+    """What the searches take, for a model (its config) or an ensemble (`model_decoding` of each
+    member, their caches a tuple, their next-token distributions combined at every step). Every
+    search leaves PAD and BOS out: their log-probabilities are set to -inf (after the combination)."""
+    if isinstance(config, ensemble.Ensemble):
+        members = [
+            model_decoding(m.config, p, inputs, copies, max_extra) for m, p in zip(config.models, params, strict=True)
+        ]
+        d = members[0] if len(members) == 1 else combined(members, config.average)
+    else:
+        d = model_decoding(config, params, inputs, copies, max_extra)
+
+    def step(tokens: Array, cache) -> tuple[Array, Any]:
+        log_probs, cache = d.step(tokens, cache)
+        return log_probs.at[:, jnp.array([PAD_ID, BOS_ID])].set(-jnp.inf), cache
+
+    return d._replace(step=step)
+
+
+def combined(members: list[Decoding], average: str) -> Decoding:
+    """The members' decodings as one: each steps with its own cache (the tuple of theirs), and the
+    next-token log-probabilities are `ensemble.combine`d."""
+
+    def step(tokens: Array, caches: tuple) -> tuple[Array, tuple]:
+        stepped = [m.step(tokens, cache) for m, cache in zip(members, caches, strict=True)]
+        return ensemble.combine([lp for lp, _ in stepped], average), tuple(cache for _, cache in stepped)
+
+    first = members[0]
+    return Decoding(step, tuple(m.cache for m in members), first.limit, first.max_len, grow_cache)
+
+
+def model_decoding(config: TransformerConfig, params, inputs: Array, copies: int, max_extra: int) -> Decoding:
     """Encode `inputs` [batch, l] once and project every decoder layer's encoder-side keys and
     values once (the `memory` collection, held by the step function, one per example, never
-    reordered); rows are each example repeated `copies` times (beams, samples). The cache
-    starts with room for the first of `decode.cache_lengths(max_len)` positions and is grown
-    as the search goes."""
+    reordered); rows are each example repeated `copies` times (beams, samples). The step gives
+    the model's full next-token log-softmax. The cache starts with room for the first of
+    `decode.cache_lengths(max_len)` positions and is grown as the search goes."""
     model = decoding_model(config)
     segmentation = default_segmentation(inputs)
     encoded = model.apply({"params": params}, inputs, segmentation, method=Transformer.encode)
@@ -201,16 +264,22 @@ def start_decoding(config: TransformerConfig, params, inputs: Array, copies: int
         logits = logits[:, 0].astype(jnp.float32)
         # log_softmax's own form (logits - max - log sum exp) is 2.3x slower at 128 rows x 37,000 on
         # XLA's CPU, which fuses its max and subtraction into the projection's product.
-        log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-        return log_probs.at[:, jnp.array([PAD_ID, BOS_ID])].set(-jnp.inf), updated["cache"]
+        return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True), updated["cache"]
 
     cache = jax.tree.map(repeat, variables["cache"])
     return Decoding(step, cache, segmentation.sum(-1) + max_extra, max_len, grow_cache)
 
 
-def search(config: TransformerConfig, params, inputs: Array, options: DecodeOptions, rng: Array | None = None):
+def search(
+    config: TransformerConfig | ensemble.Ensemble,
+    params,
+    inputs: Array,
+    options: DecodeOptions,
+    rng: Array | None = None,
+):
     """The search `options` describe on `inputs` [batch, l]: (outputs [batch, n, max_len], scores
-    [batch, n]), best first, n = `nbest`. Scores: beam, log p / lp(|Y|); greedy and sample, log p."""
+    [batch, n]), best first, n = `nbest`. Scores: beam, log p / lp(|Y|); greedy and sample, log p.
+    `config`: a model's, or an ensemble (`params` a tuple of its members')."""
     o = options
     if o.strategy == "beam":
         d = start_decoding(config, params, inputs, o.beam_size, o.max_extra)
@@ -230,10 +299,11 @@ def search(config: TransformerConfig, params, inputs: Array, options: DecodeOpti
     return jnp.take_along_axis(outputs, order[:, :, None], axis=1), jnp.take_along_axis(logp, order, axis=1)
 
 
-def translator(model: Transformer, mesh, options: DecodeOptions):
+def translator(model: Transformer | ensemble.Ensemble, mesh, options: DecodeOptions):
     """A jitted (params, inputs [b, l], rng) -> (outputs [b, n, l + max_extra], scores [b, n]),
     rows split over devices, searching as `options` say."""
-    run = functools.partial(search, model.config, options=options)
+    config = model if isinstance(model, ensemble.Ensemble) else model.config
+    run = functools.partial(search, config, options=options)
     return jax.jit(
         lambda params, inputs, rng: run(params, inputs, rng=rng),
         in_shardings=(parallel.replicated(mesh), parallel.sharded_rows(mesh), parallel.replicated(mesh)),
@@ -313,7 +383,7 @@ def translate_sources(
 
 def source_length(examples: list[dict], model, max_extra: int, log=print) -> int:
     """Padded source length for the search, leaving room for input + max_extra output positions."""
-    limit = model.config.max_len - max_extra
+    limit = max_len(model) - max_extra
     longer = sum(len(e["inputs"]) > limit for e in examples)
     if longer:
         log(f"warning: {longer} of {len(examples)} sources are cut to {limit} tokens (model.max_len - max_extra)")

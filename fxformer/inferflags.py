@@ -1,5 +1,6 @@
 """The command-line flags of the commands that use a trained run (evaluate, translate,
-attention_maps): the workdir, which checkpoint(s), `--config.decode.*` overrides, the cluster.
+attention_maps, export): the workdir (repeated: an ensemble, where the command takes one), which
+checkpoint(s), `--config.decode.*` overrides, the cluster.
 """
 
 from __future__ import annotations
@@ -7,13 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from fxformer import cli, compilecache, configfile, marian, parallel, paths
+from fxformer import cli, compilecache, configfile, ensemble, marian, parallel, paths
 from fxformer.config import DecodeOptions
 from fxformer.errors import UserError
 
 
-def parser(description: str, module: str) -> argparse.ArgumentParser:
-    """An ArgumentParser for `python -m <module>` with the shared flags."""
+def parser(description: str, module: str, ensembles: bool = False) -> argparse.ArgumentParser:
+    """An ArgumentParser for `python -m <module>` with the shared flags; `ensembles`: --workdir may
+    be repeated (`fxformer.ensemble`), else a second one is refused by `parse`."""
     p = cli.parser(description, module, config=False)
     choices = {"strategy": DecodeOptions.STRATEGIES, "beam_variant": DecodeOptions.BEAM_VARIANTS}
     fields = [
@@ -23,8 +25,10 @@ def parser(description: str, module: str) -> argparse.ArgumentParser:
     p.epilog = f"Change the search with --config.decode.<field>=<value>: {', '.join(fields)}."
     p.add_argument(
         "--workdir",
+        action="append",
         required=True,
-        help="a training run directory, or a Marian (OPUS-MT) directory transformers wrote (docs/interop.md)",
+        help="a training run directory, or a Marian (OPUS-MT) directory transformers wrote (docs/interop.md)"
+        + ("; repeated: an ensemble of the runs (the same tokenizer), searched as one model" if ensembles else ""),
     )
     p.add_argument(
         "--step",
@@ -37,6 +41,16 @@ def parser(description: str, module: str) -> argparse.ArgumentParser:
         default=None,
         help="average the K checkpoints ending at --step (default: the config's average_last for latest, else 1)",
     )
+    if ensembles:
+        p.add_argument(
+            "--ensemble_average",
+            default="probabilities",
+            choices=ensemble.AVERAGES,
+            help="how an ensemble combines its members' next-token distributions: the average of their "
+            "probabilities (default, fairseq's) or of their log-probabilities, renormalized (Marian's, which does not "
+            "renormalize)",
+        )
+    p.set_defaults(ensembles=ensembles)
     parallel.add_cluster_flags(p)
     return p
 
@@ -46,11 +60,23 @@ def parse(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     number) and `args.overrides`: the (key, value) pairs of the --config.decode.* flags; the
     compilation cache turned on (`compilecache`)."""
     args, rest = p.parse_known_args(argv)
+    if not args.ensembles:
+        if len(args.workdir) > 1:
+            raise UserError(
+                f"{p.prog} takes one --workdir, not {len(args.workdir)}: ensembles are for translate and "
+                "evaluate (an ensemble has no attention weights or exported weights of its own)."
+            )
+        args.workdir = args.workdir[0]
     compilecache.enable(args.compilation_cache)
     args.overrides = configfile.overrides(rest)
     args.step = checkpoint_choice(args.step)
     parallel.join_cluster(args)
     return args
+
+
+def trained_runs(flags: list[str]) -> list[paths.Workdir | str]:
+    """The repeated --workdir of an ensemble's command, each as `trained_run` reads it."""
+    return [trained_run(flag) for flag in flags]
 
 
 def trained_run(flag: str) -> paths.Workdir | str:

@@ -7,6 +7,8 @@
         --config.decode.temperature=0.7 --config.decode.top_k=40 --config.decode.seed=1 < news.en
 
 `--workdir` may also name a Marian (OPUS-MT) directory transformers wrote (docs/interop.md).
+Repeated, it gives an ensemble of the runs (the same tokenizer), searched on their combined
+next-token distribution (`--ensemble_average`, `fxformer.ensemble`).
 Progress goes to stderr, so stdout holds only the translations, one per input line: lines
 are split on newlines only (a form feed or a Unicode line separator stays inside its line), a
 blank line comes out blank, and input must be UTF-8.
@@ -43,20 +45,19 @@ def formatted(lines: list[str], translated: dict[int, list[tuple[str, float]]], 
     return "".join(text + "\n" for text in out)
 
 
-def translated_lines(args, workdir: paths.Workdir | str, lines: list[str]) -> tuple[api.TrainedRun, dict[int, list]]:
-    """The run loaded (`fxformer.load`), and the translations of the non-blank `lines` by their numbers."""
+def translated_lines(
+    args, workdirs: list[paths.Workdir | str], lines: list[str]
+) -> tuple[api.TrainedRun, dict[int, list]]:
+    """The run or ensemble loaded (`fxformer.load`), and the translations of the non-blank `lines` by number."""
     log = cli.log_to_stderr
-    run = api.load(workdir, args.step, args.average_last, args.overrides, log)
-    log(
-        f"translating {len(lines):,} lines with "
-        + (f"checkpoint step(s) {run.steps}" if run.steps else "an imported model")
-    )
+    run = api.load(workdirs, args.step, args.average_last, args.overrides, log, average=args.ensemble_average)
+    log(f"translating {len(lines):,} lines with {api.described(run)}")
     found = run.nbest(lines, batch_size=args.batch_size, log=log, what="translate")
     return run, {i: translations for i, translations in enumerate(found) if translations}
 
 
 def main() -> None:
-    p = inferflags.parser(__doc__, "fxformer.translate")
+    p = inferflags.parser(__doc__, "fxformer.translate", ensembles=True)
     p.add_argument("--input", default="-", help="a file of source sentences, one per line (default: stdin)")
     p.add_argument("--batch_size", type=int, default=0, help="sentences per batch (default: data.eval_batch_size)")
     args = inferflags.parse(p)
@@ -74,7 +75,7 @@ def main() -> None:
         data = cli.read_flag_file("input", args.input)
     lines = paths.split_lines(data, "stdin" if args.input == "-" else args.input)
     run, translated = translated_lines(
-        args, inferflags.trained_run(args.workdir), lines
+        args, inferflags.trained_runs(args.workdir), lines
     )  # the standard output holds them alone (`cli.run`)
     if jax.process_index() != 0:  # every process has every translation; one copy is written
         return

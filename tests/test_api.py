@@ -177,8 +177,11 @@ def test_the_commands_load_their_run_through_fxformer_load(trained, monkeypatch,
     with pytest.raises(Loaded):
         importlib.import_module(f"fxformer.{module}").main()
     ((args, kwargs),) = calls
-    assert str(args[0].root) == str(trained) and args[1] == 2
+    runs = args[0] if module != "attention_maps" else [args[0]]  # translate and evaluate take a list (an ensemble)
+    assert [str(run.root) for run in runs] == [str(trained)] and args[1] == 2
     if module == "evaluate":
         assert ("decode.beam_size", "2") in args[3]
     if module == "attention_maps":  # an average it makes is not written outside W/attention/
         assert kwargs == {"keep_average": False}
+    else:
+        assert kwargs == {"average": "probabilities"}

@@ -70,7 +70,7 @@ PYTHON = blocks("python")
 
 @pytest.fixture(scope="session")
 def reader(tmp_path_factory, data_dir, corpus) -> Path:
-    """A reader's folder: runs/default (runs/base and runs/multi30k the same run), the configs,
+    """A reader's folder: runs/default (runs/base, runs/multi30k, runs/seed0 and runs/seed1 the same run), the configs,
     the committed records the docs collect from, sentences.en and a translation file of the test split.
     Its dev and test splits hold 16 sentences each: the pages' commands decode them, and an untrained
     model's search runs every sentence to its length limit."""
@@ -84,7 +84,7 @@ def reader(tmp_path_factory, data_dir, corpus) -> Path:
         eval_every_steps=2,
         **{"model.num_layers": 3, "data.num_validation": 16, "data.num_test": 16},
     )
-    for name in ("base", "multi30k"):
+    for name in ("base", "multi30k", "seed0", "seed1"):
         (here / "runs" / name).symlink_to(run)
     (here / "configs").symlink_to(REPO / "configs")
     for records in (REPO / "experiments" / "results").glob("*/records.jsonl.gz"):
