@@ -59,11 +59,16 @@ class TrainedRun:
 
     @property
     def name(self) -> str:
-        """How results name these parameters: the checkpoint label (`600-avg5`, `600-best`),
-        `imported`, or an ensemble's `ensemble-<member>+<member>...`, each `<run's folder>.<label>`."""
+        """How results name these parameters: the checkpoint label (`600-avg5`, `600-best`,
+        `600-ema0.9999`), `imported`, or an ensemble's `ensemble-<member>+<member>...`, each
+        `<run's folder>.<label>`."""
         if self.members:
             return "ensemble-" + "+".join(f"{paths.as_path(m.path).name}.{m.name}" for m in self.members)
-        return "imported" if self.workdir is None else paths.checkpoint_label(self.steps, self.step == "best")
+        if self.workdir is None:
+            return "imported"
+        if isinstance(self.step, str) and self.step.startswith("ema"):  # the smoothed weights, named by their decay
+            return f"{self.steps[-1]}-ema{inference.smoothed_decay(self.workdir, self.step, self.config):g}"
+        return paths.checkpoint_label(self.steps, self.step == "best")
 
     @property
     def config(self):

@@ -390,6 +390,22 @@ def checkpoint_params(
     return params, chosen
 
 
+def smoothed_params(workdir: paths.Workdir, key: str, abstract_params) -> tuple[dict, int]:
+    """The moving average of the parameters kept under `key` (`optim.ema_key`) in the optimizer
+    state of the latest training checkpoint, read alone (a partial restore), and that step."""
+    directory = workdir.checkpoints
+    with open_manager(directory, asynchronous=False) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise UserError(f"{directory} holds no checkpoint; train first.")
+        item = {"opt_state": {"ema": {key: abstract_params}}}
+        state = ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+        )
+        restored = _restore(manager, step, {"state": state}, abstract_params, resuming=False)
+    return restored["state"]["opt_state"]["ema"][key], step
+
+
 def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dict, list[int]]:
     """The parameters kept in `W/best` (best dev metric during training) and their step."""
     if not workdir.best.exists():

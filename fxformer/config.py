@@ -276,9 +276,28 @@ def validate(
     and room for the decode length (checked after the `--config.decode` overrides that can
     repair it, `configfile.apply_decode_overrides`)."""
     _check_training(config, stored)
+    ema_decays(config)
     _check_data(config, processes)
     _check_model(config.model, backend)
     check_decode(config, room=not stored)
+
+
+def ema_decays(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """The decays of the smoothed weights `ema_decay` asks for ("0": none), each in (0, 1), in the
+    order given; refused in one sentence otherwise."""
+    text = str(config.get("ema_decay", "0")).strip()
+    try:
+        decays = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        decays = None
+    if decays == (0.0,):
+        return ()
+    if not decays or not all(0.0 < d < 1.0 for d in decays) or len(set(decays)) < len(decays):
+        raise UserError(
+            f"ema_decay={text} is not a decay: give 0 (off), a number between 0 and 1 (0.9999), or several "
+            "different ones separated by commas (0.9999,0.999)."
+        )
+    return decays
 
 
 def check_decode(config: ml_collections.ConfigDict, room: bool = True) -> None:

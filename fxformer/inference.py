@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import sys
 import time
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from fxformer import checkpoint, configfile, decode, ensemble, marian, optim, parallel, paths, schema, trainstate
-from fxformer.config import DecodeOptions, load_workdir_config, resolve_derived, validate
+from fxformer.config import DecodeOptions, ema_decays, load_workdir_config, resolve_derived, validate
 from fxformer.data import corpora, pipeline, tokenized
 from fxformer.data.tokenizer import Tokenizer, workdir_tokenizer
 from fxformer.errors import UserError
@@ -63,30 +63,39 @@ class Restored:
 
 def restore(
     workdir: paths.Workdir,
-    step: int | Literal["latest", "best"] = "latest",
+    step: int | str = "latest",
     average_last: int | None = None,
     overrides=(),
     log=print,
     keep_average: bool = True,
 ) -> Restored:
     """A workdir's config, model, tokenizer and parameters, on the devices at hand. Only the
-    parameters are read from a checkpoint, never the optimizer's state.
+    parameters are read from a checkpoint, never the optimizer's state (but for smoothed weights,
+    which the optimizer state keeps: those alone are read).
 
     `step`: "latest" (the last checkpoint saved), "best" (the best dev metric seen in training,
-    kept in `W/best`) or a step number. `average_last`: k >= 1 averages the parameters of the k
+    kept in `W/best`), a step number, or "ema" (the latest checkpoint's smoothed weights of the
+    run's first `ema_decay`; "ema0.999" names one decay). `average_last`: k >= 1 averages the parameters of the k
     checkpoints that end at `step` (1: that checkpoint alone); None: the config's
     `average_last` for "latest", 1 otherwise. An average is saved under
     `W/averaged/last<k>/<last step>` and reused (`keep_average=False`: reused if saved, else
     computed in memory only). `overrides`: (key, value) pairs of the decode section.
     """
-    if not (step in ("latest", "best") or isinstance(step, int) and not isinstance(step, bool)):
-        raise UserError(f"The checkpoint to restore is 'latest', 'best' or a step number, not {step!r}.")
+    smoothing = isinstance(step, str) and step.startswith("ema")
+    if not (step in ("latest", "best") or smoothing or isinstance(step, int) and not isinstance(step, bool)):
+        raise UserError(f"The checkpoint to restore is 'latest', 'best', 'ema' or a step number, not {step!r}.")
     if average_last is not None and average_last < 1:
         raise UserError(f"average_last must be positive (1: no averaging), not {average_last}.")
     if step == "best" and (average_last or 1) > 1:
         raise UserError(f"{workdir.best} keeps one checkpoint: the best is not averaged (average_last {average_last}).")
+    if smoothing and (average_last or 1) > 1:
+        raise UserError(
+            f"The smoothed weights ({step}) are an average already: give no average_last (--average_last), not "
+            f"{average_last}."
+        )
     trained = load_workdir_config(workdir)  # the one read of W/config.json
     config = configfile.apply_decode_overrides(trained.copy_and_resolve_references(), overrides, workdir)
+    decay = smoothed_decay(workdir, step, config) if smoothing else None
     if average_last is None:  # the config's for the latest checkpoint; a named one alone
         average_last = config.average_last if step == "latest" else 1
     tokenizer = workdir_tokenizer(workdir)
@@ -96,10 +105,34 @@ def restore(
     model = trainstate.model_of(config, tokenizer.vocab_size)
     abstract_params = trainstate.abstract_params(model, mesh)
     interval = config.checkpoint_every_steps
-    params, steps = checkpoint.workdir_params(
-        workdir, step, average_last, abstract_params, log=log, keep_average=keep_average, interval=interval
-    )
+    if decay is not None:
+        ema, at = checkpoint.smoothed_params(workdir, optim.ema_key(decay), abstract_params)
+        params, steps = optim.smoothed(ema, decay, at), [at]
+        log(f"smoothed weights: decay {decay:g} at step {at}")
+    else:
+        params, steps = checkpoint.workdir_params(
+            workdir, step, average_last, abstract_params, log=log, keep_average=keep_average, interval=interval
+        )
     return Restored(config, model, tokenizer, params, steps, mesh, trained.decode.to_dict())
+
+
+def smoothed_decay(workdir: paths.Workdir, step: str, config) -> float:
+    """The decay `step` names ("ema": the run's first `ema_decay`; "ema0.999"), refused in one
+    sentence where the run kept no such smoothed weights."""
+    decays = ema_decays(config)
+    if not decays:
+        raise UserError(
+            f"{workdir} was trained without smoothed weights (ema_decay 0): evaluate a checkpoint (--step=latest), "
+            "or train with --config.ema_decay=0.9999."
+        )
+    try:
+        decay = decays[0] if step == "ema" else float(step[3:])
+    except ValueError:
+        decay = None
+    if decay not in decays:
+        kept = ", ".join(f"ema{d:g}" for d in decays)
+        raise UserError(f"{workdir} keeps smoothed weights {kept}, not {step}: give --step=ema or one of them.")
+    return decay
 
 
 def restore_marian(path, overrides=()) -> Restored:

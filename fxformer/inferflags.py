@@ -33,7 +33,8 @@ def parser(description: str, module: str, ensembles: bool = False) -> argparse.A
     p.add_argument(
         "--step",
         default="latest",
-        help="the checkpoint: latest (default), best (best dev metric in training) or a step number",
+        help="the checkpoint: latest (default), best (best dev metric in training), a step number, or ema: the "
+        "latest checkpoint's smoothed weights (ema0.999 names one of several ema_decay values)",
     )
     p.add_argument(
         "--average_last",
@@ -96,9 +97,9 @@ def out_folder(run_dir: paths.Workdir | str, out: str, under: str):
 
 
 def checkpoint_choice(flag: str) -> int | str:
-    """--step: 'latest', 'best' or a step number (an int)."""
-    if flag in ("latest", "best"):
+    """--step: 'latest', 'best', 'ema' (or 'ema<decay>', the smoothed weights) or a step number (an int)."""
+    if flag in ("latest", "best") or flag.startswith("ema"):
         return flag
     if not flag.isdigit():
-        raise UserError(f"--step takes 'latest', 'best' or a step number, not '{flag}'.")
+        raise UserError(f"--step takes 'latest', 'best', 'ema' or a step number, not '{flag}'.")
     return int(flag)

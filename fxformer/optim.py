@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from fxformer.config import ema_decays
 from fxformer.kernels import projected_loss
 from fxformer.metrics import TOKEN_SUMS
 from fxformer.model import output_bias, shared_embedding, vocabulary_logits
@@ -37,7 +38,52 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """Adam(beta1, beta2, epsilon) = (0.9, 0.98, 1e-9) with the paper's schedule; with
-    `flat_update`, over all parameters as one vector (the same update, element for element)."""
+    `flat_update`, over all parameters as one vector (the same update, element for element);
+    with `ema_decay`, smoothed weights kept beside it (`with_smoothed_weights`)."""
+    return with_smoothed_weights(adam_of(config), ema_decays(config))
+
+
+def ema_key(decay: float) -> str:
+    """The name of a decay's smoothed weights in the optimizer state: `0_9999` for 0.9999."""
+    return f"{decay:.10g}".replace(".", "_")
+
+
+def with_smoothed_weights(
+    inner: optax.GradientTransformation, decays: tuple[float, ...]
+) -> optax.GradientTransformation:
+    """`inner` (no decays: itself, the state unchanged), its state kept under "inner" beside
+    "ema": for each decay d, an exponential moving average of the parameters after every update,
+    e_n = d e_(n-1) + (1 - d) theta_n from e_0 = 0. `smoothed` divides it by 1 - d^n (the
+    debiasing of Adam's moments), so that the weights are sum_k (1 - d) d^(n-k) theta_k normalized
+    over the n steps taken, with no weight left on the initial parameters."""
+    if not decays:
+        return inner
+
+    def init(params):
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        return {"inner": inner.init(params), "ema": {ema_key(d): zeros for d in decays}}
+
+    def update(updates, state, params=None):
+        updates, inner_state = inner.update(updates, state["inner"], params)
+        new_params = optax.apply_updates(params, updates)
+        ema = {
+            ema_key(d): jax.tree.map(
+                lambda e, p, d=d: d * e + (1.0 - d) * p.astype(jnp.float32), state["ema"][ema_key(d)], new_params
+            )
+            for d in decays
+        }
+        return updates, {"inner": inner_state, "ema": ema}
+
+    return optax.GradientTransformation(init, update)
+
+
+def smoothed(ema, decay: float, step: int):
+    """The smoothed weights at `step` from the average the state keeps (`with_smoothed_weights`)."""
+    return jax.tree.map(lambda e: e / (1.0 - decay**step), ema)
+
+
+def adam_of(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """The paper's Adam with its schedule (flattened with `flat_update`)."""
     adam = optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
     return optax.flatten(adam) if config.flat_update else adam
 

@@ -43,6 +43,9 @@ def defaults() -> ml_collections.ConfigDict:
     config.divergence_factor = 4.0  # stop above 4x the run's best and best + 2 nats, or 3 ln(V) (0 = only non-finite)
     config.decode = decode_section()  # how evaluate, translate and dev BLEU search (section 6.1)
     config.average_last = 5  # checkpoints averaged for the final evaluation
+    # smoothed weights: an exponential moving average of the parameters kept in the state with this
+    # decay ("0" = off; "0.9999", Marian's smoothing 1e-4; several "0.9999,0.999"), evaluated as --step=ema
+    config.ema_decay = "0"
     return config
 
 

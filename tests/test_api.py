@@ -88,7 +88,7 @@ def test_a_workdir_that_is_no_run_is_refused_in_the_commands_sentence(trained, t
         fxformer.load(tmp_path / "empty")
     printed = run_module("fxformer.translate", f"--workdir={tmp_path / 'empty'}", "--input=/dev/null")
     assert printed.returncode != 0 and str(raised.value) in printed.stderr
-    with pytest.raises(UserError, match="'latest', 'best' or a step number"):
+    with pytest.raises(UserError, match="'latest', 'best', 'ema' or a step number"):
         fxformer.load(tmp_path / "empty", step="last")
     with pytest.raises(UserError, match="only --config.decode"):
         fxformer.load(trained, overrides=[("model.d_model", "8")])

@@ -98,6 +98,7 @@ def test_upgrade_fills_exactly_the_missing_fields_from_the_defaults_and_keeps_th
         "flat_update",
         *("model.activation", "model.sinusoid_layout", "model.layer_norm_epsilon", "model.output_bias"),
         "model.scale_embedding",
+        "ema_decay",
     }
     for key in set(added) - {"decode"}:  # the decode section: checked above
         section, _, leaf = key.rpartition(".")
@@ -124,6 +125,7 @@ def test_a_config_written_with_the_decode_section_upgrades_to_itself_and_the_fie
         "data": {**written["data"], **since},
         "loss_chunk_tokens": 0,  # the chunked loss
         "flat_update": False,  # Adam over one flat vector
+        "ema_decay": "0",  # no smoothed weights
         "early_stopping_min_delta": 0.0,  # the plateau with a smallest improvement
         "model": {  # the kernel options, each at the value that keeps the step as it was
             **written["model"],
@@ -167,7 +169,7 @@ def test_the_regime_records_downgrade_to_older_code_and_upgrade_back_unchanged()
     for now, old in configs:
         assert "flat_update" not in old and "loss_impl" not in old["model"]
         upgraded = config.upgrade(ml_collections.ConfigDict(old)).to_dict()
-        assert upgraded == {**now, "model": {**now["model"], **MARIAN_FIELDS}}  # the records predate those
+        assert upgraded == {**now, "model": {**now["model"], **MARIAN_FIELDS}, "ema_decay": "0"}  # they predate those
 
 
 REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's words): one per check
@@ -180,6 +182,7 @@ REFUSALS = [  # (overrides of configs/default.py, the machine, the refusal's wor
     ({"adam_b1": -0.1}, {}, "adam_b1 must be in [0, 1)"),
     ({"adam_b2": 1.0}, {}, "adam_b2 must be in [0, 1)"),
     ({"adam_eps": 0.0}, {}, "adam_eps must be positive"),
+    ({"ema_decay": "0.9,1"}, {}, "ema_decay=0.9,1 is not a decay: give 0 (off), a number between 0 and 1"),
     ({"best_metric": "bleu"}, {}, "best_metric must be one of '', 'dev_ppl'"),
     ({"dev_bleu_sentences": -1}, {}, "dev_bleu_every_steps and dev_bleu_sentences must be 0 or more."),
     ({"best_metric": "dev_bleu"}, {}, "best_metric=dev_bleu needs dev BLEU during training"),

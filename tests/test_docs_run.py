@@ -70,8 +70,9 @@ PYTHON = blocks("python")
 
 @pytest.fixture(scope="session")
 def reader(tmp_path_factory, data_dir, corpus) -> Path:
-    """A reader's folder: runs/default (runs/base, runs/multi30k, runs/seed0 and runs/seed1 the same run), the configs,
-    the committed records the docs collect from, sentences.en and a translation file of the test split.
+    """A reader's folder: runs/default (runs/base, runs/multi30k, runs/seed0 and runs/seed1 the same
+    run; it keeps smoothed weights), the configs, the committed records the docs collect from,
+    sentences.en and a translation file of the test split.
     Its dev and test splits hold 16 sentences each: the pages' commands decode them, and an untrained
     model's search runs every sentence to its length limit."""
     here = tmp_path_factory.mktemp("reader")
@@ -82,7 +83,7 @@ def reader(tmp_path_factory, data_dir, corpus) -> Path:
         num_train_steps=6,
         checkpoint_every_steps=2,
         eval_every_steps=2,
-        **{"model.num_layers": 3, "data.num_validation": 16, "data.num_test": 16},
+        **{"model.num_layers": 3, "data.num_validation": 16, "data.num_test": 16, "ema_decay": "0.999"},
     )
     for name in ("base", "multi30k", "seed0", "seed1"):
         (here / "runs" / name).symlink_to(run)

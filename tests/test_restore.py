@@ -62,14 +62,14 @@ def test_the_parameters_are_read_alone_from_a_training_checkpoint(tmp_path):
 def test_the_checkpoint_choice_is_refused_in_one_sentence_before_any_restore(tmp_path):
     assert [inferflags.checkpoint_choice(flag) for flag in ("latest", "best", "20")] == ["latest", "best", 20]
     for flag in ("last", "-3", "0x10"):
-        with pytest.raises(UserError, match="'latest', 'best' or a step number"):
+        with pytest.raises(UserError, match="'latest', 'best', 'ema' or a step number"):
             inferflags.checkpoint_choice(flag)
     nowhere = tmp_path / "nowhere"  # refused before the workdir is read
     with pytest.raises(UserError, match="average_last must be positive"):
         fxformer.load(paths.Workdir(nowhere), average_last=0)
     with pytest.raises(UserError, match="keeps one checkpoint: the best is not averaged"):
         fxformer.load(paths.Workdir(nowhere), "best", average_last=2)
-    with pytest.raises(UserError, match="'latest', 'best' or a step number, not 'last'"):
+    with pytest.raises(UserError, match="'latest', 'best', 'ema' or a step number, not 'last'"):
         fxformer.load(paths.Workdir(nowhere), "last")
 
 
