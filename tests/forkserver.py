@@ -18,12 +18,13 @@ forwarded (it pauses the client alone): a test that pauses its command starts it
 `executable=` (a fresh process), as does one that counts the command's own child processes.
 
 A command is forked only when nothing imported before the fork could differ from a fresh
-process: `sys.executable -m fxformer.<module>` (never `-c`: the tests' probes of what a fresh
-process imports run so), the server's working directory, no `preexec_fn`, `pass_fds` or
+process: `sys.executable -m fxformer.<module>` or `-m experiments[.<module>]` (never `-c`: the
+tests' probes of what a fresh process imports run so), the server's working directory, no `preexec_fn`, `pass_fds` or
 `executable`, and an environment whose variables that an import may read (`AT_IMPORT`: Python's,
 JAX's, XLA's, NumPy's BLAS, ...) equal the server's, but for XLA_FLAGS (read when the backend
 starts) and JAX_PLATFORMS (which the child sets in JAX's config as JAX's import would have).
-Anything else starts a fresh Python as before. Each child reseeds
+Anything else starts a fresh Python as before. A forked command routes the commands it starts
+itself the same way (a sweep's launcher, its workers, their training runs). Each child reseeds
 `random` and NumPy's global generator, as a fresh process is seeded.
 `FXFORMER_TEST_FORKSERVER=0` starts every command as a fresh process.
 """
@@ -68,6 +69,8 @@ PRELOAD = (  # the commands the tests start, and what they import (their modules
 
 
 def serve(path: str) -> None:
+    global SERVER
+    SERVER = Routing(path, dict(os.environ))  # what a child routes its own commands by
     sys.path[0] = str(REPO)
     import importlib
 
@@ -139,6 +142,7 @@ def run_child(request: dict, fds: list[int], conn: socket.socket) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=lifeline, daemon=True).start()
+    SERVER.route()  # the command's own commands (a sweep's workers, their runs) are forked too
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     module, args = request["argv"][1], request["argv"][2:]  # ["-m", module, *args]
@@ -154,29 +158,19 @@ def run_child(request: dict, fds: list[int], conn: socket.socket) -> None:
 # In the test worker
 
 
-class Server:
-    """This worker's server, in the worker's environment."""
+class Routing:
+    """`subprocess.Popen` of the commands the server at `path` runs, sent there: `env` is the
+    server's environment, which a command's import-time variables must equal."""
 
-    def __init__(self, folder: Path):
-        self.path = str(folder / "forkserver.sock")
-        self.env = dict(os.environ)
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, self.path],
-            cwd=REPO,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.original = None  # Popen's own __init__ while `route` sends commands here
-        if self.process.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
+    def __init__(self, path: str, env: dict):
+        self.path, self.env = path, env
+        self.original = None  # Popen's own __init__ while `route` sends commands to the server
 
     def refuses(self, args, kwargs) -> str | None:
         """Why the command `args` (Popen's arguments) cannot be forked from the server, or None."""
         given = [k for k in ("preexec_fn", "pass_fds", "executable", "shell") if kwargs.get(k)]
         if given or not forkable(args):
-            return f"{given or args[:3]}: not a plain `python -m fxformer.<module>`"
+            return f"{given or args[:3]}: not a plain `python -m fxformer.<module>` or `experiments`"
         cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
         if cwd != REPO:
             return f"runs in {cwd}, not {REPO}"
@@ -193,7 +187,7 @@ class Server:
         return [sys.executable, "-S", "-E", str(CLIENT), self.path, *map(str, args[1:])]
 
     def route(self) -> None:
-        """Send this worker's `subprocess.Popen` of commands the server runs (`refuses` None) here."""
+        """Send this process's `subprocess.Popen` of commands the server runs (`refuses` None) there."""
         original = self.original = subprocess.Popen.__init__
 
         def init(popen, args, *rest, **kwargs):
@@ -203,20 +197,43 @@ class Server:
 
         subprocess.Popen.__init__ = init
 
-    def close(self) -> None:
-        """The routing undone and the server ended."""
+    def undo(self) -> None:
         if self.original is not None:
             subprocess.Popen.__init__ = self.original
+            self.original = None
+
+
+class Server(Routing):
+    """This worker's server, in the worker's environment, and the routing of the worker's commands to it."""
+
+    def __init__(self, folder: Path):
+        super().__init__(str(folder / "forkserver.sock"), dict(os.environ))
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, self.path],
+            cwd=REPO,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
+
+    def close(self) -> None:
+        """The routing undone and the server ended."""
+        self.undo()
         self.process.kill()
         self.process.wait()
 
 
 def forkable(args) -> bool:
-    """Whether `args` is a command the server runs: `python -m fxformer.<module>` (never `python -c`:
-    the tests' probes of what a fresh process imports are run as -c)."""
-    if not isinstance(args, (list, tuple)) or len(args) < 3 or args[0] != sys.executable:
+    """Whether `args` is a command the server runs: `python -m fxformer.<module>` or `python -m
+    experiments[.<module>]` (never `python -c`: the tests' probes of what a fresh process imports
+    are run as -c)."""
+    if not isinstance(args, (list, tuple)) or len(args) < 3 or args[0] != sys.executable or args[1] != "-m":
         return False
-    return args[1] == "-m" and str(args[2]).startswith("fxformer.")
+    module = str(args[2])
+    return module.startswith("fxformer.") or module == "experiments" or module.startswith("experiments.")
 
 
 def install(folder: Path) -> Server | None:
