@@ -116,12 +116,14 @@ def compare(
 
 def table(report: dict) -> str:
     """The report as a small text table: per system and metric, score (bootstrap mean ± 95% half-width),
-    the difference to the baseline [95% interval] and both p-values."""
+    the difference to the baseline [95% interval] and both p-values; the system column as wide as
+    its longest name."""
+    width = max(len("system"), *(len(row["system"]) for row in report["systems"]))
     lines = [
         f"{report['sentences']:,} sentences; {report['comparisons']} comparison(s) against the baseline; paired "
         f"bootstrap with {report['resamples']:,} resamples, approximate randomization with {report['trials']:,} "
         f"trials, seed {report['seed']}",
-        f"{'system':<24} {'metric':<6} {'score (mean ± 95%)':>22} {'difference [95% interval]':>28} "
+        f"{'system':<{width}} {'metric':<6} {'score (mean ± 95%)':>22} {'difference [95% interval]':>28} "
         f"{'p bootstrap':>12} {'p rand.':>8}",
     ]
     for row in report["systems"]:
@@ -136,5 +138,5 @@ def table(report: dict) -> str:
                 low, high = e["difference_ci"]
                 diff = f"{e['difference']:+.2f} [{low:+.2f}, {high:+.2f}]"
                 rest = f"{diff:>28} {e['p_bootstrap']:>12.4f} {e['p_randomization']:>8.4f}"
-            lines.append(f"{row['system'][:24]:<24} {metric:<6} {score:>22} {rest}")
+            lines.append(f"{row['system']:<{width}} {metric:<6} {score:>22} {rest}")
     return "\n".join(lines)

@@ -18,14 +18,15 @@ forwarded (it pauses the client alone): a test that pauses its command starts it
 `executable=` (a fresh process), as does one that counts the command's own child processes.
 
 A command is forked only when nothing imported before the fork could differ from a fresh
-process: `sys.executable -m fxformer.<module>` or `-m experiments[.<module>]` (never `-c`: the
-tests' probes of what a fresh process imports run so), the server's working directory, no `preexec_fn`, `pass_fds` or
-`executable`, and an environment whose variables that an import may read (`AT_IMPORT`: Python's,
-JAX's, XLA's, NumPy's BLAS, ...) equal the server's, but for XLA_FLAGS (read when the backend
-starts) and JAX_PLATFORMS (which the child sets in JAX's config as JAX's import would have).
-Anything else starts a fresh Python as before. A forked command routes the commands it starts
-itself the same way (a sweep's launcher, its workers, their training runs). Each child reseeds
-`random` and NumPy's global generator, as a fresh process is seeded.
+process: `sys.executable -m fxformer.<module>`, `-m experiments[.<module>]` or `-m
+benchmarks.<module>` (never `-c`: the tests' probes of what a fresh process imports run so),
+the server's working directory, no `preexec_fn`, `pass_fds` or `executable`, and an environment
+whose variables that an import may read (`AT_IMPORT`: Python's, JAX's, XLA's, NumPy's BLAS, ...)
+equal the server's, but for XLA_FLAGS (read when the backend starts) and JAX_PLATFORMS (which
+the child sets in JAX's config as JAX's import would have). Anything else starts a fresh Python
+as before. A forked command routes the commands it starts itself the same way (a sweep's
+launcher, its workers, their training runs; the GPU queue's items). Each child reseeds `random`
+and NumPy's global generator, as a fresh process is seeded.
 `FXFORMER_TEST_FORKSERVER=0` starts every command as a fresh process.
 """
 
@@ -227,13 +228,13 @@ class Server(Routing):
 
 
 def forkable(args) -> bool:
-    """Whether `args` is a command the server runs: `python -m fxformer.<module>` or `python -m
-    experiments[.<module>]` (never `python -c`: the tests' probes of what a fresh process imports
+    """Whether `args` is a command the server runs: `python -m fxformer.<module>`, `experiments[.<module>]`
+    or `benchmarks.<module>` (never `python -c`: the tests' probes of what a fresh process imports
     are run as -c)."""
     if not isinstance(args, (list, tuple)) or len(args) < 3 or args[0] != sys.executable or args[1] != "-m":
         return False
     module = str(args[2])
-    return module.startswith("fxformer.") or module == "experiments" or module.startswith("experiments.")
+    return module == "experiments" or module.startswith(("fxformer.", "experiments.", "benchmarks."))
 
 
 def install(folder: Path) -> Server | None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -418,3 +419,33 @@ def test_an_empty_embedded_split_and_a_long_preparation_error_are_one_readable_s
     inner = message.split("(ConnectionError: ", 1)[1].rsplit("); see docs/data.md", 1)[0]
     assert inner.endswith(" ...") and len(inner) <= 244 and "second line" not in message
     assert long.startswith(inner.removesuffix(" ...")) and long[len(inner) - 4] == " "  # cut at a word boundary
+
+
+def test_two_processes_preparing_one_dataset_at_once_both_go_on(tmp_path, monkeypatch):
+    """The other process's preparation lands while this one's runs (a real process, run in full
+    after this one wrote its files and before TFDS renames them into place): the rename finds
+    the other's folder, and this process reads those files instead of failing."""
+    config = small_config(tmp_path)
+    config.data.num_train = 200  # a dataset of its own: the session's corpus is prepared already
+    builder_class = type(corpora.get_builder(config.data))
+    theirs = builder_class._download_and_prepare  # writes the files into TFDS's incomplete folder
+
+    def after_another_process(builder, *args, **kwargs):
+        done = theirs(builder, *args, **kwargs)
+        overrides = [
+            f"--config.data.{k}={config.data[k]}" for k in ("tfds_data_dir", "num_train", "num_validation", "num_test")
+        ]
+        other = subprocess.run(
+            [sys.executable, "-m", "fxformer.data", "--config=configs/default.py", *overrides],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+        )
+        assert other.returncode == 0, other.stderr[-2000:]
+        return done  # then TFDS renames the incomplete folder onto the other's
+
+    monkeypatch.setattr(builder_class, "_download_and_prepare", after_another_process)
+    said = []
+    builder = corpora.prepare(config.data, log=said.append)
+    assert "another process prepared the same dataset meanwhile" in " ".join(said)
+    assert len(corpora.data_source(builder, "train")) == 200

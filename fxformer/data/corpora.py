@@ -262,7 +262,9 @@ def _import_tfds_module(name: str) -> None:
 
 
 def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuilder:
-    """The builder with its array_record files written (built once, then found)."""
+    """The builder with its array_record files written (built once, then found). Two processes
+    preparing the same dataset at once (two seeds started together) both go on: the one whose
+    files land second finds the other's in place and reads those."""
     builder = get_builder(data)
     if not _is_prepared(builder):
         log(f"data: preparing {builder.name}/{builder.builder_config.name} in {builder.data_dir} ...")
@@ -277,7 +279,9 @@ def prepare(data: ml_collections.ConfigDict, log=print) -> tfds.core.DatasetBuil
         except Exception as e:  # noqa: BLE001 - TFDS and the builders raise many kinds
             if paths.unwritable(e):
                 raise  # a full or read-only disk: the command names the file in one sentence
-            raise UserError(prepare_failure(e, data, builder.data_dir)) from None
+            if not (isinstance(e, FileExistsError) and _is_prepared(builder := get_builder(data))):
+                raise UserError(prepare_failure(e, data, builder.data_dir)) from None
+            log("data: another process prepared the same dataset meanwhile; reading its files")
         log(f"data: prepared in {time.time() - started:.0f}s")
     if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
         raise UserError(
