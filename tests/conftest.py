@@ -118,30 +118,6 @@ class FakeBucket(MemoryFileSystem):
         return path.rstrip("/")
 
 
-# The files that take longest (a minute or more of a worker's time on a 2-core CPU), run first: each
-# xdist worker takes the next file when it is free (--dist loadfile), so that the last files to
-# start are short ones and the two workers end together, instead of one running a long file alone.
-SLOWEST_FIRST = (
-    "test_sweep.py",
-    "test_docs_run.py",
-    "test_train.py",
-    "test_run_control.py",
-    "test_launch.py",
-    "test_gpu_queue.py",
-    "test_marian.py",
-    "test_export.py",
-    "test_robustness.py",
-    "test_attention_maps.py",
-    "test_ensemble.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """The slowest files first (`SLOWEST_FIRST`), the rest as collected; each file's tests keep their order."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def fork_server():
     """The commands the tests start, forked from a process that has imported their libraries
