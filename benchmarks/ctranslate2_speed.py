@@ -66,7 +66,7 @@ def decode(run, translator, sources: list[list[str]], beam: int) -> list[str]:
     """CTranslate2's translations of `sources` (pieces), in the run's eval batches, limited per
     batch as fxformer limits it (its longest source, with </s>, + max_extra), as text."""
     batch, max_extra = run.config.data.eval_batch_size, run.config.decode.max_extra
-    ids = {run.tokenizer.piece(i): i for i in range(run.tokenizer.vocab_size)}
+    ids = {piece: i for i, piece in enumerate(run.tokenizer.vocabulary())}
     found = []
     for start in range(0, len(sources), batch):
         chunk = sources[start : start + batch]

@@ -174,7 +174,7 @@ def write(run: api.TrainedRun, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    vocab = {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
+    vocab = {piece: i for i, piece in enumerate(tokenizer.vocabulary())}
     specials = {
         "unk_token": tokenizer.piece(UNK_ID),
         "eos_token": tokenizer.piece(EOS_ID),
@@ -220,7 +220,7 @@ def epsilon_change(run: api.TrainedRun, sentences: int = 100) -> float:
 
 def write_ctranslate2(run: api.TrainedRun, out: Path, quantization: str) -> None:
     """CTranslate2's model of a restored run at `out` (made), its tokenizer and fxformer.json beside it."""
-    pieces = [run.tokenizer.piece(i) for i in range(run.tokenizer.vocab_size)]
+    pieces = run.tokenizer.vocabulary()
     out.mkdir(parents=True, exist_ok=True)
     ct2.write(run.config.model, jax.device_get(run.params), pieces, out, quantization)
     paths.write_atomic(out / "tokenizer.model", run.tokenizer.proto)

@@ -159,6 +159,10 @@ class MarianTokenizer:
     def piece(self, i: int) -> str:
         return "<s>" if i == BOS_ID else self.pieces.get(int(i), "<unk>")
 
+    def vocabulary(self) -> list[str]:
+        """Every id's wordpiece, in the order of the ids."""
+        return [self.piece(i) for i in range(self.vocab_size)]
+
     def decode(self, ids) -> str:
         """Ids -> text as transformers' `decode(ids, skip_special_tokens=True)` gives it: the target
         model's pieces up to the first EOS, without pad, bos and unk; a piece the target model lacks

@@ -80,7 +80,7 @@ def fxformer_token_log_probs(run, sources: list[str], targets: list[str]) -> lis
 
 def text_of(run, found: list[str]) -> str:
     """CTranslate2's output pieces as fxformer decodes their ids."""
-    ids = {run.tokenizer.piece(i): i for i in range(run.tokenizer.vocab_size)}
+    ids = {piece: i for i, piece in enumerate(run.tokenizer.vocabulary())}
     return run.tokenizer.decode([ids[p] for p in found])
 
 

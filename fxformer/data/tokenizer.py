@@ -54,6 +54,10 @@ class Tokenizer:
         """The wordpiece of id `i`."""
         return self.sp.id_to_piece(int(i))
 
+    def vocabulary(self) -> list[str]:
+        """Every id's wordpiece, in the order of the ids (what an exported vocabulary lists)."""
+        return [self.piece(i) for i in range(self.vocab_size)]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, stopping at the first EOS and skipping pad and bos."""
         return self.sp.decode(text_ids(ids))
