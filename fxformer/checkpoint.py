@@ -144,11 +144,16 @@ def training_params(manager: ocp.CheckpointManager, step: int, abstract_params):
     partial restore of the state's `params` subtree (Adam's moments, the step and the RNG key
     are not read). `manager` must not save or restore whole states: orbax binds an item to one
     handler per manager."""
-    item = {"params": abstract_params}
+    return _state_part(manager, step, {"params": abstract_params}, abstract_params)["params"]
+
+
+def _state_part(manager: ocp.CheckpointManager, step: int, item: dict, abstract_params) -> dict:
+    """The subtrees `item` names of the state at `step`, laid out as it says, read alone (a partial
+    restore: nothing else of the state is read)."""
     state = ocp.args.PyTreeRestore(
         item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
     )
-    return _restore(manager, step, {"state": state}, abstract_params, resuming=False)["state"]["params"]
+    return _restore(manager, step, {"state": state}, abstract_params, resuming=False)["state"]
 
 
 def _restore(manager: ocp.CheckpointManager, step: int, items: dict, abstract_params, resuming: bool) -> dict:
@@ -398,12 +403,8 @@ def smoothed_params(workdir: paths.Workdir, key: str, abstract_params) -> tuple[
         step = manager.latest_step()
         if step is None:
             raise UserError(f"{directory} holds no checkpoint; train first.")
-        item = {"opt_state": {"ema": {key: abstract_params}}}
-        state = ocp.args.PyTreeRestore(
-            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
-        )
-        restored = _restore(manager, step, {"state": state}, abstract_params, resuming=False)
-    return restored["state"]["opt_state"]["ema"][key], step
+        restored = _state_part(manager, step, {"opt_state": {"ema": {key: abstract_params}}}, abstract_params)
+    return restored["opt_state"]["ema"][key], step
 
 
 def best_params(workdir: paths.Workdir, abstract_params, log=print) -> tuple[dict, list[int]]:

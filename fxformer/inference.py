@@ -178,11 +178,8 @@ def log_probs(model: Transformer | ensemble.Ensemble, params, inputs: Array, tar
 
 def ensemble_loss_sums(params, batch: dict, model: ensemble.Ensemble, label_smoothing: float) -> dict[str, Array]:
     """`optim.loss_sums` of an ensemble's combined distribution on a padded batch (dropout off)."""
-    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
-    if "example_mask" in batch:
-        weights = weights * batch["example_mask"][:, None]
     combined = log_probs(model, params, batch["inputs"], batch["targets"])  # normalized: its own logits
-    return optim.cross_entropy_sums(combined, batch["targets"], weights, label_smoothing)
+    return optim.cross_entropy_sums(combined, batch["targets"], optim.target_weights(batch), label_smoothing)
 
 
 def loss_step(model: Transformer | ensemble.Ensemble, label_smoothing: float, mesh, chunk: int = 0):

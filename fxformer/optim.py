@@ -258,6 +258,15 @@ def chunked_cross_entropy_sums(
     return sums
 
 
+def target_weights(batch: dict) -> Array:
+    """1 for each target token a batch's loss counts, 0 for padding and for rows `example_mask`
+    leaves out."""
+    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    if "example_mask" in batch:
+        weights = weights * batch["example_mask"][:, None]
+    return weights
+
+
 def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chunk: int = 0) -> dict[str, Array]:
     """Summed label-smoothed loss, NLL and accuracy of a batch, packed (segment ids) or padded;
     dropout on when `rng` is given; `chunk` > 0: the projection and loss `chunk` tokens at a time.
@@ -278,9 +287,7 @@ def loss_sums(params, batch: dict, model, label_smoothing: float, rng=None, chun
         project=not (chunk or fused),
         rngs={"dropout": rng} if rng is not None else None,
     )  # logits [b, l, vocab], or with `chunk` the decoder's output [b, l, d_model]
-    weights = (batch["targets"] != PAD_ID).astype(jnp.float32)
-    if "example_mask" in batch:
-        weights = weights * batch["example_mask"][:, None]
+    weights = target_weights(batch)
     if fused:
         embedding = shared_embedding(params)
         return projected_cross_entropy_sums(

@@ -182,13 +182,8 @@ def test_a_workdir_removed_while_training_is_one_sentence(tmp_path, data_dir, co
 
     workdir = tmp_path / "w"
     command = train_command(workdir, data_dir, num_train_steps=5000, checkpoint_every_steps=5, log_every_steps=1)
-    process = subprocess.Popen(  # `executable`: a fresh process (not forked), which SIGSTOP itself pauses
-        command,
-        executable=command[0],
-        env=env_with_devices(1),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = subprocess.Popen(
+        command, env=env_with_devices(1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 120
     wait_while_running(process, (workdir / "checkpoints" / "10").exists, deadline, every_s=0.1)
