@@ -6,8 +6,8 @@
 #   nohup experiments/scripts/multi30k-smoothing.sh /tmp/m30k/data > /tmp/m30k-smoothing.log 2>&1 &
 #
 # $1: the folder holding task1/raw of github.com/multi30k/dataset. Resumable: an interrupted
-# training resumes from its last checkpoint (the budget counts training time only), evaluations
-# are made again. The workdir goes under $ROOT (default /tmp/smoothing); the small records
+# training resumes from its last checkpoint (with a fresh time budget: train_minutes counts one
+# attempt), evaluations are made again. The workdir goes under $ROOT (default /tmp/smoothing); the small records
 # (evaluations' JSON, the comparisons' JSON and tables) to experiments/results/smoothing/multi30k/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
