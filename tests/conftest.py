@@ -17,10 +17,11 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 # A compilation cache (fxformer/compilecache.py) for the tests and every command they start, which
 # inherit these variables: the same tiny model is compiled by dozens of processes (identical
 # programs, identical results), and by the next run of the suite. Every program is kept, however
-# fast it compiled (a threshold of 0.1 s took 6% less CPU on test_run_control.py alone, but the
-# whole suite took 896 s against 857 s the run before), and without JAX's size limit: with one,
-# every write lists the whole folder; the suite empties the folder itself past `TESTS_CACHE_MOST`. Its own folder
-# (`~/.cache/fxformer/jax-tests`), never the commands' (or $FXFORMER_COMPILATION_CACHE): a
+# fast it compiled (a threshold of 0.1 s took 6% less CPU on test_run_control.py alone, but
+# clean-ci's pytest took 896 s with it against 859 s without, the runs otherwise alike), and without
+# JAX's size limit: with one, every write lists the whole folder, and the suite writes thousands of
+# entries (about 45 MB); the suite empties the folder itself past `TESTS_CACHE_MOST`. Its own
+# folder (`~/.cache/fxformer/jax-tests`), never the commands' (or $FXFORMER_COMPILATION_CACHE): a
 # command's size limit cannot evict entries written without one (JAX warns and writes nothing), and
 # the suite's emptying must not touch a user's cache.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -46,18 +47,14 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 # The tests' tiny programs compile with LLVM's optimisations off and XLA's older elemental
 # emitters instead of its fusion emitters (compiling is most of their time, running milliseconds;
-# the elemental emitters alone halve test_model's and test_decode's CPU time), each program as one
-# LLVM module rather than split for parallel codegen (4% less CPU for test_model and test_decode,
-# measured side by side: the two workers already fill the CPUs). The commands the
+# the elemental emitters alone halve test_model's and test_decode's CPU time). The commands the
 # tests start as subprocesses compile so too (`env_with_devices`; a fifth less CPU for the
 # files of commands), except one end to end (`as_users=True`: test_multi30k's prepare, train and
 # evaluate), which compiles as users' runs do.
 # An XLA that does not know a flag ends the process at once with status 1, its message lost in
 # pytest's capture (a newer XLA that removed the elemental emitters would): the flags are tried once
 # in a child process first (by pytest itself; its workers inherit the answer).
-FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-)
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 def xla_knows(flags: str) -> bool:
