@@ -7,8 +7,9 @@
 #
 # $1: the folder holding task1/raw of github.com/multi30k/dataset. Resumable: an interrupted
 # training resumes from its last checkpoint (with a fresh time budget: train_minutes counts one
-# attempt), evaluations are made again. The workdir goes under $ROOT (default /tmp/smoothing); the small records
-# (evaluations' JSON, the comparisons' JSON and tables) to experiments/results/smoothing/multi30k/.
+# attempt), evaluations are made again. The workdir goes under $ROOT (default /tmp/smoothing); the
+# small records (evaluations' JSON, the comparisons' JSON and tables) to
+# experiments/results/smoothing/multi30k/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${1:?the Multi30k folder (task1/raw)}
