@@ -30,8 +30,7 @@ print(json.dumps({"hits": counts.hits, "misses": counts.misses, "out": out, "sco
 def started(workdir, cache):
     env = env_with_devices(1)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the folder given is the one used,
-    env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)  # with the commands' size limit and its file lock,
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program kept, however fast it compiled
+    env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)  # with the commands' size limit and its file lock
     return subprocess.Popen(
         [sys.executable, "-c", LOAD_AND_TRANSLATE, str(workdir), str(cache)],
         env=env,
