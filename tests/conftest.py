@@ -14,6 +14,9 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # fake CPU devices
 # A command that hangs is killed with SIGABRT by `ended`: faulthandler then prints every thread's stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+# No display: figures are files (fxformer/png.py). The docs' commands run so (test_docs_run.py), and
+# matplotlib reads it when imported, so the fork server (tests/forkserver.py) must have it too.
+os.environ.setdefault("MPLBACKEND", "Agg")
 # A compilation cache (fxformer/compilecache.py) for the tests and every command they start, which
 # inherit these variables: the same tiny model is compiled by dozens of processes (identical
 # programs, identical results), and by the next run of the suite. Every program is kept, however

@@ -18,15 +18,20 @@ forwarded (it pauses the client alone): a test that pauses its command starts it
 `executable=` (a fresh process), as does one that counts the command's own child processes.
 
 A command is forked only when nothing imported before the fork could differ from a fresh
-process: `sys.executable -m fxformer.<module>`, `-m experiments[.<module>]` or `-m
-benchmarks.<module>` (never `-c`: the tests' probes of what a fresh process imports run so),
-the server's working directory, no `preexec_fn`, `pass_fds` or `executable`, and an environment
-whose variables that an import may read (`AT_IMPORT`: Python's, JAX's, XLA's, NumPy's BLAS, ...)
-equal the server's, but for XLA_FLAGS (read when the backend starts) and JAX_PLATFORMS (which
-the child sets in JAX's config as JAX's import would have). Anything else starts a fresh Python
-as before. A forked command routes the commands it starts itself the same way (a sweep's
-launcher, its workers, their training runs; the GPU queue's items). Each child reseeds `random`
-and NumPy's global generator, as a fresh process is seeded.
+process: `sys.executable -m fxformer.<module>`, `-m experiments[.<module>]`, `-m
+benchmarks.<module>` or `sys.executable <script>.py` (never `-c`: the tests' probes of what a fresh
+process imports run so); no `preexec_fn`, `pass_fds` or `executable`; an environment whose
+variables that an import may read (`AT_IMPORT`: Python's, JAX's, XLA's, NumPy's BLAS, ...) equal
+the server's, but for XLA_FLAGS (read when the backend starts) and JAX_PLATFORMS (which the child
+sets in JAX's config as JAX's import would have); and a path that finds what the server imported
+where the server found it: the command's first folder (its working directory, or a script's own)
+is the checkout, or PYTHONPATH names the checkout (where the server has none) and that folder
+holds nothing named like a module the server imported from elsewhere (test_docs_run's reader's
+folder: `configs` links to the checkout's). Anything else starts a fresh Python as before. A
+forked command routes the commands it starts itself the same way (a sweep's launcher, its
+workers, their training runs; the GPU queue's items), and a shell line's commands can be routed
+too (`Routing.in_shell`). Each child reseeds `random` and NumPy's global generator, as a fresh
+process is seeded.
 `FXFORMER_TEST_FORKSERVER=0` starts every command as a fresh process.
 """
 
@@ -34,13 +39,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
+import shlex
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+from importlib.machinery import all_suffixes
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +79,7 @@ PRELOAD = (  # the commands the tests start, and what they import (their modules
 
 def serve(path: str) -> None:
     global SERVER
-    SERVER = Routing(path, dict(os.environ))  # what a child routes its own commands by
+    env = dict(os.environ)  # before the imports, which may set variables
     sys.path[0] = str(REPO)
     import importlib
 
@@ -80,11 +88,12 @@ def serve(path: str) -> None:
     from fxformer import metrics
 
     metrics.import_tensorboardx()
+    SERVER = Routing(path, env, imported())  # what a child routes its own commands by
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
     parent = os.getppid()
-    print("ready", flush=True)
+    print("ready", json.dumps(SERVER.modules), flush=True)
     children: dict[int, socket.socket] = {}
     while os.getppid() == parent:  # the test worker's end is the server's
         if select.select([listener], [], [], 0.02)[0]:
@@ -146,12 +155,16 @@ def run_child(request: dict, fds: list[int], conn: socket.socket) -> None:
     SERVER.route()  # the command's own commands (a sweep's workers, their runs) are forked too
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
-    module, args = request["argv"][1], request["argv"][2:]  # ["-m", module, *args]
-    for name in (module, f"{module}.__main__"):  # a package runs its __main__
-        sys.modules.pop(name, None)
-    sys.argv = ["-m", *args]
-    sys.path[0] = os.getcwd()
-    runpy._run_module_as_main(module)  # as `python -m` runs it
+    argv = request["argv"]  # ["-m", module, *args] or [script, *args]
+    sys.path[0:1] = [str(SERVER.first(argv, os.getcwd())), *SERVER.added_path(os.environ)]
+    if argv[0] == "-m":
+        for name in (argv[1], f"{argv[1]}.__main__"):  # a package runs its __main__
+            sys.modules.pop(name, None)
+        sys.argv = ["-m", *argv[2:]]
+        runpy._run_module_as_main(argv[1])  # as `python -m` runs it
+    else:
+        sys.argv = argv
+        runpy.run_path(argv[0], run_name="__main__")  # as `python script.py` runs it
     raise SystemExit(0)
 
 
@@ -161,31 +174,77 @@ def run_child(request: dict, fds: list[int], conn: socket.socket) -> None:
 
 class Routing:
     """`subprocess.Popen` of the commands the server at `path` runs, sent there: `env` is the
-    server's environment, which a command's import-time variables must equal."""
+    server's environment, which a command's import-time variables must equal; `modules` what it
+    imported (top-level name -> its file; None for a namespace package or a built-in one)."""
 
-    def __init__(self, path: str, env: dict):
-        self.path, self.env = path, env
+    def __init__(self, path: str, env: dict, modules: dict[str, str | None]):
+        self.path, self.env, self.modules = path, env, modules
         self.original = None  # Popen's own __init__ while `route` sends commands to the server
 
     def refuses(self, args, kwargs) -> str | None:
         """Why the command `args` (Popen's arguments) cannot be forked from the server, or None."""
         given = [k for k in ("preexec_fn", "pass_fds", "executable", "shell") if kwargs.get(k)]
         if given or not forkable(args):
-            return f"{given or args[:3]}: not a plain `python -m fxformer.<module>` or `experiments`"
-        cwd = Path(kwargs.get("cwd") or os.getcwd()).resolve()
-        if cwd != REPO:
-            return f"runs in {cwd}, not {REPO}"
+            return f"{given or args[:3]}: not a plain `python -m fxformer.<module>`, `experiments` or a script"
         env = kwargs.get("env")
         env = os.environ if env is None else env
         differ = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
         differ = sorted(k for k in differ if k.startswith(AT_IMPORT) and k not in LATE_ENVIRONMENT)
-        return f"its environment differs from the server's in {', '.join(differ)}" if differ else None
+        if differ and (differ != ["PYTHONPATH"] or not self.added_path(env)):
+            return f"its environment differs from the server's in {', '.join(differ)}"
+        first = self.first(args[1:], kwargs.get("cwd") or os.getcwd())
+        if first == REPO:
+            return None
+        if not self.added_path(env):
+            return f"its path begins at {first}, not {REPO}, and its PYTHONPATH does not name {REPO}"
+        shadowed = self.shadowed(first)
+        return f"{first} holds {', '.join(shadowed)}, which the server imported from elsewhere" if shadowed else None
 
     def runs(self, args, kwargs) -> bool:
         return self.refuses(args, kwargs) is None
 
+    def added_path(self, env) -> list[str]:
+        """What `env`'s PYTHONPATH puts on a command's path that the server's lacks: the checkout,
+        where the server has no PYTHONPATH and `env`'s names the checkout alone; else nothing."""
+        path = env.get("PYTHONPATH")
+        return [str(REPO)] if path and "PYTHONPATH" not in self.env and Path(path).resolve() == REPO else []
+
+    @staticmethod
+    def first(argv, cwd) -> Path:
+        """The folder a fresh Python running `argv` (["-m", module, ...] or [script, ...]) in `cwd`
+        puts first on its path: `cwd` for a module, the script's own (links resolved) for a script."""
+        return Path(cwd).resolve() if argv[0] == "-m" else Path(cwd, argv[0]).resolve().parent
+
+    def shadowed(self, folder: Path) -> list[str]:
+        """The entries of `folder` that a fresh Python whose path begins there would import in place
+        of a module the server imported from elsewhere."""
+        found = []
+        for entry in folder.iterdir():
+            name = entry.name.split(".")[0]
+            if name not in self.modules:
+                continue
+            origin = self.modules[name]
+            if origin is not None and Path(origin).resolve().is_relative_to(entry.resolve()):
+                continue  # the same files (a link to them)
+            if entry.is_dir() and (origin is None or (entry / "__init__.py").exists()):
+                found.append(entry.name)  # a package, or a portion of a namespace package
+            elif entry.is_file() and any(entry.name == name + suffix for suffix in all_suffixes()):
+                found.append(entry.name)  # a module
+        return sorted(found)
+
     def client_args(self, args) -> list[str]:
         return [sys.executable, "-S", "-E", str(CLIENT), self.path, *map(str, args[1:])]
+
+    def in_shell(self, command: str, cwd, env) -> str:
+        """`command`, a line for a shell run in `cwd` with `env`, with each `<python> -m <module>`
+        and `<python> <script>.py` (<python> this one, `sys.executable`) that the server runs
+        there sent to it instead."""
+
+        def routed(match: re.Match) -> str:
+            args = [sys.executable, *match[1].split()]
+            return shlex.join(self.client_args(args)) if self.runs(args, {"cwd": cwd, "env": env}) else match[0]
+
+        return re.sub(rf"{re.escape(sys.executable)} (-m [\w.]+|\S+\.py)(?=\s|$)", routed, command)
 
     def route(self) -> None:
         """Send this process's `subprocess.Popen` of commands the server runs (`refuses` None) there."""
@@ -208,17 +267,15 @@ class Server(Routing):
     """This worker's server, in the worker's environment, and the routing of the worker's commands to it."""
 
     def __init__(self, folder: Path):
-        super().__init__(str(folder / "forkserver.sock"), dict(os.environ))
+        path, env = str(folder / "forkserver.sock"), dict(os.environ)
+        server = [sys.executable, __file__, path]
         self.process = subprocess.Popen(
-            [sys.executable, __file__, self.path],
-            cwd=REPO,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
+            server, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
         )
-        if self.process.stdout.readline().strip() != "ready":
+        word, _, modules = self.process.stdout.readline().partition(" ")
+        if word != "ready":
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
+        super().__init__(path, env, json.loads(modules))
 
     def close(self) -> None:
         """The routing undone and the server ended."""
@@ -229,12 +286,19 @@ class Server(Routing):
 
 def forkable(args) -> bool:
     """Whether `args` is a command the server runs: `python -m fxformer.<module>`, `experiments[.<module>]`
-    or `benchmarks.<module>` (never `python -c`: the tests' probes of what a fresh process imports
-    are run as -c)."""
-    if not isinstance(args, (list, tuple)) or len(args) < 3 or args[0] != sys.executable or args[1] != "-m":
+    or `benchmarks.<module>`, or `python <script>.py` (never `python -c`: the tests' probes of what a
+    fresh process imports are run so)."""
+    if not isinstance(args, (list, tuple)) or len(args) < 2 or args[0] != sys.executable:
         return False
-    module = str(args[2])
+    if args[1] != "-m":
+        return str(args[1]).endswith(".py")
+    module = str(args[2]) if len(args) > 2 else ""
     return module == "experiments" or module.startswith(("fxformer.", "experiments.", "benchmarks."))
+
+
+def imported() -> dict[str, str | None]:
+    """This process's top-level modules: name -> its file (None: a namespace or built-in module)."""
+    return {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items()) if "." not in name}
 
 
 def install(folder: Path) -> Server | None:

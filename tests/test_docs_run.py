@@ -99,12 +99,15 @@ def reader(tmp_path_factory, data_dir, corpus) -> Path:
     return here
 
 
-def subprocess_ok(cwd: Path, command: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`command` as a reader types it in `cwd` (python and the console commands are this checkout's)."""
+def subprocess_ok(cwd: Path, command: str, server, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`command` as a reader types it in `cwd` (python and the console commands are this checkout's;
+    its Python commands forked from the fork server `server` where it runs them, as the suite's others)."""
     command = re.sub(r"(?<![\w/.-])(?:\S*/)?python3?(?=\s)", sys.executable, command)
     command = re.sub(r"(?<![\w/.-])fxformer-(\w+)", lambda m: f"{sys.executable} -m fxformer.{m[1]}", command)
     command = command.replace("/path/to/fxformer", str(REPO))
     env = {**env_with_devices(1), "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+    if server is not None:
+        command = server.in_shell(command, cwd, env)
     done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{command}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}"
     return done
@@ -121,28 +124,28 @@ IN_READER = re.compile(KINDS["records"].pattern + "|" + KINDS["trained run"].pat
 
 
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w} {c[:60]}" for w, c in COMMANDS])
-def test_every_shell_command_of_the_named_kinds_runs(reader, where, command):
+def test_every_shell_command_of_the_named_kinds_runs(reader, fork_server, where, command):
     """In the reader's folder where the command reads a run or writes beside records; else in the
     checkout, as the pages say to run the launcher (the others write nothing there)."""
-    subprocess_ok(reader if IN_READER.search(command) else REPO, command)
+    subprocess_ok(reader if IN_READER.search(command) else REPO, command, fork_server)
 
 
 @pytest.mark.parametrize("where,code", PYTHON, ids=[w for w, _ in PYTHON])
-def test_every_python_block_runs(reader, where, code):
+def test_every_python_block_runs(reader, fork_server, where, code):
     script = reader / "block.py"
     script.write_text(code)
-    subprocess_ok(reader, f"python {script}")
+    subprocess_ok(reader, f"python {script}", fork_server)
 
 
-def test_a_renamed_method_or_flag_fails(reader):
+def test_a_renamed_method_or_flag_fails(reader, fork_server):
     where, code = next((w, c) for w, c in PYTHON if "fxformer.load" in c)
     script = reader / "renamed.py"
     script.write_text(code.replace(".translate(", ".translate_sentences("))
     with pytest.raises(AssertionError, match="AttributeError"):
-        subprocess_ok(reader, f"python {script}")
+        subprocess_ok(reader, f"python {script}", fork_server)
     command = next(c for _, c in COMMANDS if "fxformer.translate" in c and "--workdir" in c)
     with pytest.raises(AssertionError, match="workdirectory|Unknown flag|unrecognized"):
-        subprocess_ok(reader, command.replace("--workdir", "--workdirectory"))
+        subprocess_ok(reader, command.replace("--workdir", "--workdirectory"), fork_server)
 
 
 def test_the_selection_leaves_out_what_needs_a_pod_or_training():

@@ -6,7 +6,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import forkserver
 import psutil
 import pytest
 from conftest import env_with_devices
@@ -64,3 +66,32 @@ def test_signals_reach_the_command_and_a_killed_client_takes_it_along(server, tm
     alone = subprocess.Popen(waiting, executable=sys.executable, env=env_with_devices(1), stdin=subprocess.PIPE)
     alone.send_signal(signal.SIGTERM)
     assert alone.wait(timeout=60) == -signal.SIGTERM
+
+
+def test_another_folder_is_forked_only_where_a_fresh_python_imports_the_same_modules(server, tmp_path):
+    """From a folder other than the checkout, with PYTHONPATH naming the checkout (as the docs'
+    commands run), a module and a script are forked and print what a fresh Python prints; a
+    folder holding a module the server imported, a PYTHONPATH elsewhere, or none, start a fresh one."""
+    repo = Path(__file__).resolve().parent.parent
+    env = {**env_with_devices(1), "PYTHONPATH": str(repo)}
+    script = tmp_path / "probe.py"
+    script.write_text("import sys, fxformer\nprint(sys.argv[1:], sys.path[:2], fxformer.__file__)\n")
+    module = [sys.executable, "-m", "fxformer.translate", "--help"]
+    for args in (module, [sys.executable, str(script), "a", "b"]):
+        assert server.refuses(args, {"cwd": tmp_path, "env": env}) is None
+        forked = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+        alone = fresh(args, cwd=tmp_path, env=env)
+        assert forked.returncode == alone.returncode == 0, forked.stderr[-2000:]
+        assert forked.stdout == alone.stdout and forked.stdout
+    line = f"echo x | {sys.executable} -m fxformer.translate --help && {sys.executable} {script} c"
+    routed = server.in_shell(line, tmp_path, env)
+    assert routed.count(str(forkserver.CLIENT)) == 2 and routed.startswith("echo x | ")
+    done = subprocess.run(["bash", "-c", routed], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.endswith(fresh([sys.executable, str(script), "c"], env=env).stdout)
+
+    assert "PYTHONPATH does not name" in server.refuses(module, {"cwd": tmp_path, "env": env_with_devices(1)})
+    assert "PYTHONPATH" in server.refuses(module, {"cwd": tmp_path, "env": {**env, "PYTHONPATH": str(tmp_path)}})
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text("")
+    assert "holds numpy" in server.refuses(module, {"cwd": tmp_path, "env": env})
+    assert server.in_shell(line, tmp_path, env) == line
