@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fxformer import layers
 from fxformer.config import attention_impl, head_widths
 from fxformer.errors import UserError
 from fxformer.kernels import counter_dropout, segments
@@ -210,7 +211,7 @@ def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
 # Embeddings and positions (section 3.4, 3.5)
 
 
-class SharedEmbedding(nn.Module):
+class SharedEmbedding(layers.Module):
     """One matrix for source embedding, target embedding and pre-softmax projection (3.4), and
     with `output_bias` a bias [vocab] on the logits (a departure: Marian's `final_logits_bias`)."""
 
@@ -258,7 +259,7 @@ def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> n
     return table
 
 
-class PositionalEncoding(nn.Module):
+class PositionalEncoding(layers.Module):
     """Sinusoidal positional encoding (3.5), or learned positional embeddings (row E)."""
 
     config: TransformerConfig
@@ -413,7 +414,7 @@ def rows_per_example(x: Array, copies: int) -> Array:
 Cache = Literal["none", "steps", "memory"]
 
 
-class DenseParams(nn.Module):
+class DenseParams(layers.Module):
     """The parameters `nn.Dense(features, use_bias)` of the same name makes, made and initialised as
     it makes them (the same names, shapes, initialisers and random keys), without its product: the
     kernel [in_features, features] and the bias (or None)."""
@@ -462,10 +463,10 @@ class MultiHeadAttention(nn.Module):
         heads = heads.reshape(b, q_len, c.num_heads * c.d_v)  # Concat(head_1, ..., head_h)
         return self._dense(c.d_model, "out")(heads)
 
-    def _dense(self, features: int, name: str) -> nn.Dense:
+    def _dense(self, features: int, name: str) -> layers.Dense:
         """One of W^Q, W^K, W^V (all heads at once) or W^O."""
         c = self.config
-        return nn.Dense(features, use_bias=c.attention_bias, kernel_init=xavier_uniform, dtype=c.dtype, name=name)
+        return layers.Dense(features, use_bias=c.attention_bias, kernel_init=xavier_uniform, dtype=c.dtype, name=name)
 
     def _heads(self, x: Array, name: str, width: int) -> Array:
         """x [b, t, d_model] times W^name -> [b, t, h, width]."""
@@ -585,14 +586,14 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         c = self.config
-        h = nn.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x)
+        h = layers.Dense(c.d_ff, kernel_init=xavier_uniform, dtype=c.dtype, name="hidden")(x)
         fused = c.residual_norm == "pallas" and c.activation == "relu"  # the kernel's nonlinearity is ReLU
         if fused and c.relu_dropout_rate > 0 and not deterministic:  # one kernel
             key = counter_dropout.key_data(self.make_rng("dropout"))
             h = counter_dropout.relu_dropout(key, h, counter_dropout.SITES["relu"], c.relu_dropout_rate)
         else:
             h = make_dropout(c, c.relu_dropout_rate)(ACTIVATIONS[c.activation](h), deterministic=deterministic)
-        return nn.Dense(c.d_model, kernel_init=xavier_uniform, dtype=c.dtype, name="output")(h)
+        return layers.Dense(c.d_model, kernel_init=xavier_uniform, dtype=c.dtype, name="output")(h)
 
 
 def residual(c: TransformerConfig, x: Array, sublayer, name: str, deterministic: bool) -> Array:
@@ -610,7 +611,7 @@ def residual(c: TransformerConfig, x: Array, sublayer, name: str, deterministic:
     if c.norm == "post" and c.residual_norm == "fused":
         fused = ResidualLayerNorm(dtype=c.dtype, epsilon=eps, name=f"{name}_norm")
         return fused(x, drop(sublayer(x), deterministic=deterministic))
-    norm = nn.LayerNorm(epsilon=eps, dtype=c.dtype, name=f"{name}_norm")
+    norm = layers.LayerNorm(epsilon=eps, dtype=c.dtype, name=f"{name}_norm")
     if c.norm == "pre":
         return x + drop(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + drop(sublayer(x), deterministic=deterministic))
@@ -672,7 +673,7 @@ class Encoder(nn.Module):
         for i in range(c.num_layers):
             x = EncoderLayer(c, name=f"layer_{i}")(x, mask, deterministic)
         if c.norm == "pre":
-            x = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
+            x = layers.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
         return x
 
 
@@ -706,7 +707,7 @@ class Decoder(nn.Module):
         for i in range(c.num_layers):
             x = DecoderLayer(c, name=f"layer_{i}")(x, encoded, self_mask, cross_mask, deterministic)
         if c.norm == "pre":
-            x = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
+            x = layers.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=c.dtype, name="final_norm")(x)
         return self.embed.logits(x) if project else x
 
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from fxformer import layers
 from fxformer.kernels import pallas
 from fxformer.kernels.norm import residual_layer_norm
 
@@ -258,7 +259,7 @@ def relu_dropout(
     return _relu_dropout(key, hs, (site, float(rate), br, interpret))[: h.size // h.shape[-1]].reshape(h.shape)
 
 
-class DropoutResidualNorm(nn.Module):
+class DropoutResidualNorm(layers.Module):
     """LayerNorm(x + Dropout(y)) as one kernel, with the parameters of `flax.linen.LayerNorm`
     (float32 `scale` and `bias`; epsilon `model.layer_norm_epsilon`), so a checkpoint loads into either. Deterministic
     (evaluation, decoding): `kernels.norm.residual_layer_norm`, the same function without dropout."""

@@ -19,6 +19,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fxformer import layers
+
 Array = jax.Array
 
 
@@ -57,7 +59,7 @@ def _backward(epsilon, residuals, g):
 residual_layer_norm.defvjp(_forward, _backward)
 
 
-class ResidualLayerNorm(nn.Module):
+class ResidualLayerNorm(layers.Module):
     """LayerNorm(x + y) with the parameters of `flax.linen.LayerNorm` (float32 `scale` and `bias`;
     epsilon `model.layer_norm_epsilon`), so a checkpoint loads into either."""
 
