@@ -205,6 +205,21 @@ def test_dropout_only_in_training_mode():
     assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
 
 
+def test_the_compiled_initialiser_gives_flaxs_values_bit_for_bit(monkeypatch):
+    """model.xavier_uniform is Flax's initialiser compiled: the same parameters, initialised op by
+    op or compiled, as with Flax's own."""
+    from flax import linen as nn
+
+    from fxformer import model
+
+    ours = [init(TINY, seed=3), jax.jit(lambda k: init(TINY, seed=k))(3)]
+    monkeypatch.setattr(model, "xavier_uniform", nn.initializers.xavier_uniform())
+    flax_own = [init(TINY, seed=3), jax.jit(lambda k: init(TINY, seed=k))(3)]
+    for a, b in zip(ours, flax_own):
+        assert jax.tree.structure(a) == jax.tree.structure(b)
+        assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def test_parameter_count_matches_closed_form():
     """Shared embedding + N encoder layers + N decoder layers, counted by hand."""
     from configs import base
