@@ -188,14 +188,16 @@ class Routing:
             return f"{given or args[:3]}: not a plain `python -m fxformer.<module>`, `experiments` or a script"
         env = kwargs.get("env")
         env = os.environ if env is None else env
+        added = self.added_path(env)
+        allowed = (*LATE_ENVIRONMENT, "PYTHONPATH") if added else LATE_ENVIRONMENT  # PYTHONPATH: the checkout
         differ = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
-        differ = sorted(k for k in differ if k.startswith(AT_IMPORT) and k not in LATE_ENVIRONMENT)
-        if differ and (differ != ["PYTHONPATH"] or not self.added_path(env)):
+        differ = sorted(k for k in differ if k.startswith(AT_IMPORT) and k not in allowed)
+        if differ:
             return f"its environment differs from the server's in {', '.join(differ)}"
         first = self.first(args[1:], kwargs.get("cwd") or os.getcwd())
         if first == REPO:
             return None
-        if not self.added_path(env):
+        if not added:
             return f"its path begins at {first}, not {REPO}, and its PYTHONPATH does not name {REPO}"
         shadowed = self.shadowed(first)
         return f"{first} holds {', '.join(shadowed)}, which the server imported from elsewhere" if shadowed else None

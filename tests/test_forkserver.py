@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import forkserver
 import psutil
@@ -72,8 +71,7 @@ def test_another_folder_is_forked_only_where_a_fresh_python_imports_the_same_mod
     """From a folder other than the checkout, with PYTHONPATH naming the checkout (as the docs'
     commands run), a module and a script are forked and print what a fresh Python prints; a
     folder holding a module the server imported, a PYTHONPATH elsewhere, or none, start a fresh one."""
-    repo = Path(__file__).resolve().parent.parent
-    env = {**env_with_devices(1), "PYTHONPATH": str(repo)}
+    env = {**env_with_devices(1), "PYTHONPATH": str(forkserver.REPO)}
     script = tmp_path / "probe.py"
     script.write_text("import sys, fxformer\nprint(sys.argv[1:], sys.path[:2], fxformer.__file__)\n")
     module = [sys.executable, "-m", "fxformer.translate", "--help"]
