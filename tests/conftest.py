@@ -1,6 +1,7 @@
 """Shared fixtures: a small embedded corpus built with the real TFDS builder, and its tokenizer."""
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -130,6 +131,12 @@ class FakeBucket(MemoryFileSystem):
         for prefix in ("gs://", "gcs://"):
             path = path.removeprefix(prefix)
         return path.rstrip("/")
+
+
+def pytest_collection_finish(session):
+    """What the imports and the collection made lives to the end: out of the collector's sight
+    (gc.freeze), so that the collections of the tests' own garbage do not walk it each time."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session", autouse=True)
