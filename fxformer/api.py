@@ -245,21 +245,27 @@ def load(
         return runs[0] if len(runs) == 1 else ensemble_of(runs, average)
     if isinstance(step, str) and step not in ("latest", "best"):
         step = int(step) if step.isdigit() else step  # "600" as the commands' --step takes it
-    if not isinstance(workdir, paths.Workdir) and marian.is_marian(os.fspath(workdir)):
+    run = located(workdir)
+    if isinstance(run, Path):
         if step != "latest" or average_last not in (None, 1):
-            raise UserError(f"{os.fspath(workdir)} is one imported model: it has no steps to choose or average.")
-        restored = inference.restore_marian(Path(os.fspath(workdir)), overrides)
-        return TrainedRun(None, restored, "imported", path=os.fspath(workdir))
-    run = workdir if isinstance(workdir, paths.Workdir) else cli.workdir(os.fspath(workdir))
+            raise UserError(f"{run} is one imported model: it has no steps to choose or average.")
+        return TrainedRun(None, inference.restore_marian(run, overrides), "imported", path=str(run))
     restored = inference.restore(run, step, average_last, overrides, log, keep_average)
     return TrainedRun(run, restored, step, path=str(run))
 
 
-def tokenizer_at(where: paths.Workdir | str):
+def located(where: Member) -> paths.Workdir | Path:
+    """What `load` reads at `where`: a directory transformers wrote for a Marian model (its Path),
+    else a training workdir (`paths.Workdir`, local or a bucket's)."""
+    if isinstance(where, paths.Workdir):
+        return where
+    return Path(os.fspath(where)) if marian.is_marian(os.fspath(where)) else cli.workdir(os.fspath(where))
+
+
+def tokenizer_at(where: Member):
     """The tokenizer a run to load keeps (None where there is none yet: `load` refuses it)."""
-    if isinstance(where, str) and marian.is_marian(where):
-        return marian.read_tokenizer(Path(where))
-    return workdir_tokenizer(where if isinstance(where, paths.Workdir) else cli.workdir(where))
+    run = located(where)
+    return marian.read_tokenizer(run) if isinstance(run, Path) else workdir_tokenizer(run)
 
 
 def ensemble_of(runs: list[TrainedRun], average: str) -> TrainedRun:
