@@ -254,7 +254,7 @@ def load(
     return TrainedRun(run, restored, step, path=str(run))
 
 
-def located(where: Member) -> paths.Workdir | Path:
+def located(where: str | os.PathLike | paths.Workdir) -> paths.Workdir | Path:
     """What `load` reads at `where`: a directory transformers wrote for a Marian model (its Path),
     else a training workdir (`paths.Workdir`, local or a bucket's)."""
     if isinstance(where, paths.Workdir):
@@ -262,7 +262,7 @@ def located(where: Member) -> paths.Workdir | Path:
     return Path(os.fspath(where)) if marian.is_marian(os.fspath(where)) else cli.workdir(os.fspath(where))
 
 
-def tokenizer_at(where: Member):
+def tokenizer_at(where: str | os.PathLike | paths.Workdir):
     """The tokenizer a run to load keeps (None where there is none yet: `load` refuses it)."""
     run = located(where)
     return marian.read_tokenizer(run) if isinstance(run, Path) else workdir_tokenizer(run)
