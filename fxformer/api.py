@@ -259,7 +259,8 @@ def located(where: str | os.PathLike | paths.Workdir) -> paths.Workdir | Path:
     else a training workdir (`paths.Workdir`, local or a bucket's)."""
     if isinstance(where, paths.Workdir):
         return where
-    return Path(os.fspath(where)) if marian.is_marian(os.fspath(where)) else cli.workdir(os.fspath(where))
+    path = os.fspath(where)
+    return Path(path) if marian.is_marian(path) else cli.workdir(path)
 
 
 def tokenizer_at(where: str | os.PathLike | paths.Workdir):
